@@ -1,0 +1,139 @@
+//! `fanin bench`: performance measured against a reference in the same invocation.
+//! `throughput` runs iperf3 and fanin over the same loopback path and prints the ratio.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use fanin_node::RunConfig;
+use tokio::process::Command;
+
+use crate::orchestrate;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// fanin goodput vs iperf3 single-stream goodput on loopback (unthrottled TFs).
+    Throughput(ThroughputArgs),
+}
+
+#[derive(Args)]
+pub struct ThroughputArgs {
+    /// Seconds per measurement (iperf3 and each fanin case).
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// STF size.
+    #[arg(long, default_value = "8MiB")]
+    pub stf_size: String,
+    /// Cases as FLPSxEPNS (comma separated).
+    #[arg(long, value_delimiter = ',', default_value = "1x1,2x4")]
+    pub cases: Vec<String>,
+    /// Where fanin's run results go.
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+}
+
+pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Throughput(a) => throughput(a).await,
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// iperf3 single stream over loopback; returns received Gbit/s.
+async fn iperf3(seconds: f64) -> anyhow::Result<f64> {
+    let port = free_port()?.to_string();
+    let mut server = Command::new("iperf3")
+        .args(["-s", "-B", "127.0.0.1", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting iperf3 (install it: apt-get install iperf3; scripts/test does)")?;
+    let secs = format!("{}", seconds.ceil().max(1.0) as u64);
+    let mut last_err = String::new();
+    for _ in 0..50 {
+        let out = Command::new("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port, "-t", &secs, "-J"])
+            .output()
+            .await
+            .context("running the iperf3 client")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
+            let _ = server.kill().await;
+            return Ok(bps / 1e9);
+        }
+        last_err = v["error"].as_str().unwrap_or("no JSON result").to_string();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = server.kill().await;
+    bail!("iperf3 client failed: {last_err}")
+}
+
+async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
+    let mut cases = Vec::new();
+    for c in &a.cases {
+        let (f, e) = c
+            .split_once('x')
+            .and_then(|(f, e)| Some((f.parse::<u32>().ok()?, e.parse::<u32>().ok()?)))
+            .ok_or_else(|| anyhow::anyhow!("--cases: {c:?} is not FLPSxEPNS (e.g. 2x4)"))?;
+        cases.push((f, e));
+    }
+    println!(
+        "fanin bench throughput: {} s per measurement, STF size {}",
+        a.seconds, a.stf_size
+    );
+    let reference = iperf3(a.seconds).await?;
+    println!("iperf3 single stream, loopback: {reference:.2} Gbit/s");
+    let root = a
+        .results
+        .join(format!("{}-bench-throughput", orchestrate::timestamp()));
+    let mut lines = vec![format!(
+        "{:<10} {:>14} {:>14} {:>8} {:>8} {:>10}",
+        "FLPs->EPNs", "iperf3 Gbit/s", "fanin Gbit/s", "ratio", "loss %", "TFs"
+    )];
+    for (flps, epns) in cases {
+        let cfg = RunConfig {
+            flps,
+            epns,
+            rate_hz: 0.0,
+            tfs: None,
+            duration_s: Some(a.seconds),
+            stf_size: a.stf_size.clone(),
+            crc: false,
+            max_inflight: 4 * epns as u64,
+            flp_buffer: "1GiB".into(),
+            epn_buffer: "2GiB".into(),
+            ..RunConfig::default()
+        };
+        let dir = root.join(format!("{flps}x{epns}"));
+        let s = orchestrate::run_one(&cfg, &dir, &format!("fanin {flps}->{epns}")).await?;
+        anyhow::ensure!(
+            s.invariant_ok,
+            "{flps}->{epns}: accounting invariant violated"
+        );
+        let line = format!(
+            "{:<10} {:>14.2} {:>14.2} {:>8.3} {:>8.2} {:>10}",
+            format!("{flps}->{epns}"),
+            reference,
+            s.goodput_gbps,
+            s.goodput_gbps / reference,
+            s.loss_pct,
+            s.issued
+        );
+        println!("{line}");
+        lines.push(line);
+    }
+    std::fs::create_dir_all(&root)?;
+    std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
+    println!("\n{}", lines.join("\n"));
+    println!("results: {}", root.display());
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Experiment files: a base `[run]`, optional explicit `[[config]]` rows and a `[matrix]`
+//! crossed over them, repeated `repetitions` times. Expands to a list of checked runs.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use fanin_node::RunConfig;
+use toml::{Table, Value};
+
+/// The experiment `fanin run` uses when given no file.
+pub const DEFAULT: &str = include_str!("../../../experiments/default.toml");
+
+/// One configuration of an experiment (repeated `repetitions` times).
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub label: String,
+    pub run: RunConfig,
+    /// Published loss % for this configuration, when the experiment reproduces a table.
+    pub published_loss_pct: Option<f64>,
+    /// Published loss % of the long (3 minute) runs, TDR Table 19.
+    pub published_long_loss_pct: Option<f64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    pub name: String,
+    pub description: String,
+    pub repetitions: u32,
+    pub configs: Vec<Config>,
+}
+
+const META_KEYS: &[&str] = &["label", "published_loss_pct", "published_long_loss_pct"];
+
+fn merge(base: &Table, over: &Table) -> Table {
+    let mut t = base.clone();
+    for (k, v) in over {
+        if !META_KEYS.contains(&k.as_str()) {
+            t.insert(k.clone(), v.clone());
+        }
+    }
+    t
+}
+
+fn number(v: Option<&Value>, field: &str) -> anyhow::Result<Option<f64>> {
+    match v {
+        None => Ok(None),
+        Some(Value::Float(f)) => Ok(Some(*f)),
+        Some(Value::Integer(i)) => Ok(Some(*i as f64)),
+        Some(other) => bail!("`{field}` must be a number, not {other}"),
+    }
+}
+
+/// A TOML error as one line: `line L, column C: message`.
+pub fn toml_error(e: toml::de::Error, text: &str) -> anyhow::Error {
+    let msg = e.message().trim().replace('\n', "; ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+            anyhow::anyhow!("TOML error at line {line}, column {col}: {msg}")
+        }
+        None => anyhow::anyhow!("TOML error: {msg}"),
+    }
+}
+
+fn from_toml<T: serde::de::DeserializeOwned>(text: &str) -> anyhow::Result<T> {
+    toml::from_str(text).map_err(|e| toml_error(e, text))
+}
+
+pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
+    let doc: Table = from_toml(text).with_context(|| format!("experiment {origin}"))?;
+    for k in doc.keys() {
+        if ![
+            "name",
+            "description",
+            "repetitions",
+            "run",
+            "config",
+            "matrix",
+        ]
+        .contains(&k.as_str())
+        {
+            bail!("experiment {origin}: unknown top-level key `{k}` (name, description, repetitions, run, config, matrix)");
+        }
+    }
+    let name = match doc.get("name") {
+        Some(Value::String(s)) => s.clone(),
+        None => Path::new(origin)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "experiment".into()),
+        Some(v) => bail!("experiment {origin}: `name` must be a string, not {v}"),
+    };
+    let description = doc
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let repetitions = match doc.get("repetitions") {
+        None => 1,
+        Some(Value::Integer(n)) if (1..=10_000).contains(n) => *n as u32,
+        Some(v) => bail!("experiment {origin}: `repetitions` must be 1..=10000, not {v}"),
+    };
+    let base = match doc.get("run") {
+        None => Table::new(),
+        Some(Value::Table(t)) => t.clone(),
+        Some(_) => bail!("experiment {origin}: `run` must be a table"),
+    };
+    // Explicit configurations, or just the base.
+    let mut rows: Vec<(Option<String>, Table, Option<f64>, Option<f64>)> = Vec::new();
+    match doc.get("config") {
+        None => rows.push((None, base.clone(), None, None)),
+        Some(Value::Array(list)) => {
+            for (i, v) in list.iter().enumerate() {
+                let Value::Table(t) = v else {
+                    bail!("experiment {origin}: config #{} must be a table", i + 1);
+                };
+                let label = t.get("label").map(|l| match l {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+                let what = format!("config #{}", i + 1);
+                let p = number(t.get("published_loss_pct"), "published_loss_pct")
+                    .with_context(|| format!("experiment {origin}: {what}"))?;
+                let pl = number(t.get("published_long_loss_pct"), "published_long_loss_pct")
+                    .with_context(|| format!("experiment {origin}: {what}"))?;
+                rows.push((label, merge(&base, t), p, pl));
+            }
+        }
+        Some(_) => bail!("experiment {origin}: `config` must be an array of tables ([[config]])"),
+    }
+    // Cross every row with the matrix.
+    if let Some(m) = doc.get("matrix") {
+        let Value::Table(m) = m else {
+            bail!("experiment {origin}: `matrix` must be a table of arrays");
+        };
+        for (k, v) in m {
+            let Value::Array(values) = v else {
+                bail!("experiment {origin}: matrix.{k} must be an array");
+            };
+            if values.is_empty() {
+                bail!("experiment {origin}: matrix.{k} is empty");
+            }
+            let mut next = Vec::new();
+            for (label, t, p, pl) in &rows {
+                for val in values {
+                    let mut t = t.clone();
+                    t.insert(k.clone(), val.clone());
+                    let val_s = match val {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    let l = match label {
+                        Some(l) => format!("{l} {k}={val_s}"),
+                        None => format!("{k}={val_s}"),
+                    };
+                    next.push((Some(l), t, *p, *pl));
+                }
+            }
+            rows = next;
+        }
+    }
+    let mut configs = Vec::new();
+    for (i, (label, t, p, pl)) in rows.into_iter().enumerate() {
+        let label = label.unwrap_or_else(|| format!("{}", i + 1));
+        let run: RunConfig = Value::Table(t)
+            .try_into()
+            .with_context(|| format!("experiment {origin}: configuration {label}"))?;
+        run.check()
+            .with_context(|| format!("experiment {origin}: configuration {label}"))?;
+        configs.push(Config {
+            label,
+            run,
+            published_loss_pct: p,
+            published_long_loss_pct: pl,
+        });
+    }
+    Ok(Experiment {
+        name,
+        description,
+        repetitions,
+        configs,
+    })
+}
+
+pub fn load(path: &Path) -> anyhow::Result<Experiment> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading experiment {}", path.display()))?;
+    parse(&text, &path.display().to_string())
+}
+
+/// For `fanin icn --config`: an experiment file (first configuration) or a bare run table.
+pub fn load_run_config(path: &Path) -> anyhow::Result<RunConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
+    let doc: Table = from_toml(&text).with_context(|| format!("config {}", path.display()))?;
+    if doc.contains_key("run") || doc.contains_key("config") || doc.contains_key("matrix") {
+        let e = parse(&text, &path.display().to_string())?;
+        return Ok(e.configs[0].run.clone());
+    }
+    from_toml(&text).with_context(|| format!("config {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_experiment_parses() {
+        let e = parse(DEFAULT, "default").unwrap();
+        assert_eq!(e.configs.len(), 1);
+        assert_eq!(e.repetitions, 1);
+    }
+
+    #[test]
+    fn configs_cross_the_matrix() {
+        let e = parse(
+            r#"
+            repetitions = 3
+            [run]
+            epns = 4
+            duration_s = 1
+            [[config]]
+            label = "a"
+            flps = 1
+            published_loss_pct = 0.5
+            [[config]]
+            label = "b"
+            flps = 2
+            [matrix]
+            stf_size = ["1KiB", "2KiB"]
+            rate_hz = [50, 200]
+            "#,
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(e.configs.len(), 8);
+        assert_eq!(e.repetitions, 3);
+        assert_eq!(e.configs[0].label, "a rate_hz=50 stf_size=1KiB");
+        assert_eq!(e.configs[0].published_loss_pct, Some(0.5));
+        assert!(e.configs.iter().all(|c| c.run.epns == 4));
+        assert_eq!(e.configs[7].run.flps, 2);
+        assert_eq!(e.configs[7].run.rate_hz, 200.0);
+    }
+
+    #[test]
+    fn errors_name_the_configuration_and_field() {
+        let e = parse("[[config]]\nlabel = \"x\"\nrate_hz = -5\n", "t.toml").unwrap_err();
+        let s = format!("{e:#}");
+        assert!(
+            s.contains("configuration x") && s.contains("rate_hz"),
+            "{s}"
+        );
+        let e = parse("[run]\nflsp = 2\n", "t.toml").unwrap_err();
+        assert!(format!("{e:#}").contains("flsp"), "{e:#}");
+        let e = parse("repetition = 2\n", "t.toml").unwrap_err();
+        assert!(format!("{e:#}").contains("repetition"), "{e:#}");
+    }
+}

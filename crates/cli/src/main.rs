@@ -1,0 +1,306 @@
+//! The `fanin` command: one binary for every role (icn, flp, epn), whole local runs
+//! (`run`), and benchmarks (`bench`). Errors print as one line and exit non-zero.
+
+mod bench;
+mod experiment;
+mod orchestrate;
+mod table;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use fanin_node::{epn, flp, icn, RunConfig};
+use fanin_sched::{parse_bytes, PolicyKind};
+
+#[derive(Parser)]
+#[command(
+    name = "fanin",
+    version,
+    about = "A load-balanced event builder for detector read-out"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an experiment on a local cluster of real processes (default: the embedded one).
+    Run(orchestrate::RunArgs),
+    /// The scheduler: registers nodes, issues TFs, assigns EPNs, accounts for every TF.
+    Icn(IcnArgs),
+    /// A sender: sends one STF per TF to the EPN the ICN chose.
+    Flp(FlpArgs),
+    /// A builder: receives STFs, builds TFs, acknowledges them to the ICN.
+    Epn(EpnArgs),
+    /// Benchmarks that print fanin's figures beside a reference measured in the same run.
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
+}
+
+/// Run parameters that can override the configuration file.
+#[derive(Args, Debug, Default, Clone)]
+pub struct RunOverrides {
+    /// Number of FLPs.
+    #[arg(long)]
+    pub flps: Option<u32>,
+    /// Number of EPNs.
+    #[arg(long)]
+    pub epns: Option<u32>,
+    /// TF rate in Hz (0 = unthrottled).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Run length in TFs.
+    #[arg(long, conflicts_with = "duration")]
+    pub tfs: Option<u64>,
+    /// Run length in seconds.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// STF size: 1MiB, uniform(MIN,MAX), sine(MEAN,AMPL,PERIOD), random(MEAN,SPREAD).
+    #[arg(long)]
+    pub stf_size: Option<String>,
+    /// Load-balancing policy.
+    #[arg(long)]
+    pub policy: Option<PolicyKind>,
+    /// EPN build time-out in milliseconds.
+    #[arg(long)]
+    pub build_timeout_ms: Option<u64>,
+    /// CRC32C on STF payloads (true/false).
+    #[arg(long)]
+    pub crc: Option<bool>,
+    /// Most TFs in flight at once.
+    #[arg(long)]
+    pub max_inflight: Option<u64>,
+    /// Seed of STF sizes and contents.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+impl RunOverrides {
+    pub fn apply(&self, c: &mut RunConfig) {
+        if let Some(v) = self.flps {
+            c.flps = v;
+        }
+        if let Some(v) = self.epns {
+            c.epns = v;
+        }
+        if let Some(v) = self.rate {
+            c.rate_hz = v;
+        }
+        if let Some(v) = self.tfs {
+            c.tfs = Some(v);
+            c.duration_s = None;
+        }
+        if let Some(v) = self.duration {
+            c.duration_s = Some(v);
+            c.tfs = None;
+        }
+        if let Some(v) = &self.stf_size {
+            c.stf_size = v.clone();
+        }
+        if let Some(v) = self.policy {
+            c.policy = v;
+        }
+        if let Some(v) = self.build_timeout_ms {
+            c.build_timeout_ms = v;
+        }
+        if let Some(v) = self.crc {
+            c.crc = v;
+        }
+        if let Some(v) = self.max_inflight {
+            c.max_inflight = v;
+        }
+        if let Some(v) = self.seed {
+            c.seed = v;
+        }
+    }
+}
+
+#[derive(Args)]
+struct IcnArgs {
+    /// Control address FLPs and EPNs connect to.
+    #[arg(long, default_value = "0.0.0.0:7000")]
+    control: SocketAddr,
+    /// Serve Prometheus metrics here (e.g. 0.0.0.0:9100).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Run configuration: an experiment file (its first configuration) or a config.toml.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: RunOverrides,
+    /// Write summary.json, summary.csv, tfs.csv and config.toml here.
+    #[arg(long)]
+    results_dir: Option<PathBuf>,
+    /// Print PROGRESS lines on stdout.
+    #[arg(long)]
+    progress: bool,
+    /// Run id (default: derived from the clock).
+    #[arg(long)]
+    run_id: Option<u64>,
+}
+
+#[derive(Args)]
+struct NodeCommon {
+    /// The ICN's control address.
+    #[arg(long)]
+    icn: SocketAddr,
+    /// Node id (default: assigned by the ICN).
+    #[arg(long)]
+    id: Option<u32>,
+    /// Local IP for the control connection (auxiliary network).
+    #[arg(long)]
+    control_bind: Option<IpAddr>,
+    /// Serve Prometheus metrics here.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// How long to keep trying to reach the ICN, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    connect_timeout: f64,
+}
+
+#[derive(Args)]
+struct FlpArgs {
+    #[command(flatten)]
+    common: NodeCommon,
+    /// Local IP for data connections to EPNs (data network).
+    #[arg(long)]
+    data_bind: Option<IpAddr>,
+    /// Send buffer limit (bytes of STFs waiting for the network).
+    #[arg(long, default_value = "256MiB")]
+    send_buffer: String,
+}
+
+#[derive(Args)]
+struct EpnArgs {
+    #[command(flatten)]
+    common: NodeCommon,
+    /// Address FLPs connect to (data network).
+    #[arg(long, default_value = "0.0.0.0:0")]
+    data_bind: SocketAddr,
+    /// Data address announced to FLPs, if not the bound one.
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// Build buffer limit (bytes of STFs held for TFs in building).
+    #[arg(long, default_value = "1GiB")]
+    build_buffer: String,
+    /// Most TFs in building at once.
+    #[arg(long, default_value_t = 4096)]
+    max_building: usize,
+}
+
+fn bytes_arg(field: &str, v: &str) -> anyhow::Result<u64> {
+    parse_bytes(v).map_err(|e| anyhow::anyhow!("--{field}: {e}"))
+}
+
+fn connect_timeout(secs: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .map_err(|_| anyhow::anyhow!("--connect-timeout: {secs} is not a duration in seconds"))
+}
+
+pub fn clock_run_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+async fn main_async(cli: Cli) -> anyhow::Result<()> {
+    match cli.cmd {
+        Cmd::Run(a) => orchestrate::run(a).await,
+        Cmd::Icn(a) => {
+            let mut cfg = match &a.config {
+                Some(p) => experiment::load_run_config(p)?,
+                None => RunConfig::default(),
+            };
+            a.overrides.apply(&mut cfg);
+            let run = cfg.check()?;
+            let summary = icn::run(icn::IcnOptions {
+                run,
+                control_bind: a.control,
+                metrics_bind: a.metrics,
+                results_dir: a.results_dir,
+                progress: a.progress,
+                run_id: a.run_id.unwrap_or_else(clock_run_id),
+            })
+            .await?;
+            if !a.progress {
+                table::print_runs(&[table::RunRow::from_summary("run", &summary, None)]);
+            }
+            anyhow::ensure!(summary.invariant_ok, "accounting invariant violated");
+            Ok(())
+        }
+        Cmd::Flp(a) => {
+            flp::run(flp::FlpOptions {
+                icn: a.common.icn,
+                id: a.common.id,
+                control_bind: a.common.control_bind,
+                data_bind: a.data_bind,
+                send_buffer: bytes_arg("send-buffer", &a.send_buffer)?,
+                metrics_bind: a.common.metrics,
+                connect_timeout: connect_timeout(a.common.connect_timeout)?,
+            })
+            .await
+        }
+        Cmd::Epn(a) => {
+            anyhow::ensure!(a.max_building > 0, "--max-building must be at least 1");
+            epn::run(epn::EpnOptions {
+                icn: a.common.icn,
+                id: a.common.id,
+                data_bind: a.data_bind,
+                advertise: a.advertise,
+                control_bind: a.common.control_bind,
+                build_buffer: bytes_arg("build-buffer", &a.build_buffer)?,
+                max_building: a.max_building,
+                metrics_bind: a.common.metrics,
+                connect_timeout: connect_timeout(a.common.connect_timeout)?,
+            })
+            .await
+        }
+        Cmd::Bench(b) => bench::run(b).await,
+    }
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One line: clap's first line names the argument at fault.
+            let text = e.render().to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("error: bad arguments"));
+            std::process::exit(2);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FANIN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let rt = tokio::runtime::Runtime::new()
+        .context("starting the tokio runtime")
+        .unwrap_or_else(|e| {
+            eprintln!("error: {e:#}");
+            std::process::exit(1)
+        });
+    if let Err(e) = rt.block_on(main_async(cli)) {
+        // Always one line, whatever the error's own text holds.
+        let text = format!("{e:#}");
+        let one: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        eprintln!("error: {}", one.join(" "));
+        std::process::exit(1);
+    }
+    // Do not wait for detached tasks (metrics server, acceptors) at exit.
+    rt.shutdown_background();
+}

@@ -1,0 +1,191 @@
+//! The results table, shaped like the TDR's Tables 13 and 18: one row per configuration,
+//! means over repetitions, published values beside ours when the experiment has them.
+
+use std::fmt::Write as _;
+
+use fanin_node::Summary;
+
+#[derive(Debug, Clone)]
+pub struct RunRow {
+    pub label: String,
+    pub flps: u32,
+    pub epns: u32,
+    pub stf_size: String,
+    pub rate_hz: f64,
+    pub runs: usize,
+    pub issued: f64,
+    pub completed: f64,
+    pub lost: f64,
+    pub loss_pct: f64,
+    pub incomplete: f64,
+    pub dropped: f64,
+    pub split: f64,
+    pub goodput_gbps: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub valid: usize,
+    pub invariant_ok: bool,
+    pub published_loss_pct: Option<f64>,
+}
+
+impl RunRow {
+    pub fn from_summary(label: &str, s: &Summary, published: Option<f64>) -> RunRow {
+        Self::from_summaries(label, std::slice::from_ref(s), published)
+    }
+
+    /// Means over repetitions; `valid` counts the valid runs; the max latency is the max.
+    pub fn from_summaries(label: &str, runs: &[Summary], published: Option<f64>) -> RunRow {
+        assert!(!runs.is_empty());
+        let n = runs.len() as f64;
+        let mean = |f: &dyn Fn(&Summary) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let s0 = &runs[0];
+        RunRow {
+            label: label.to_string(),
+            flps: s0.flps,
+            epns: s0.epns,
+            stf_size: s0.stf_size.clone(),
+            rate_hz: s0.rate_hz,
+            runs: runs.len(),
+            issued: mean(&|s| s.issued as f64),
+            completed: mean(&|s| s.completed as f64),
+            lost: mean(&|s| s.lost as f64),
+            loss_pct: mean(&|s| s.loss_pct),
+            incomplete: mean(&|s| s.incomplete as f64),
+            dropped: mean(&|s| s.dropped as f64),
+            split: mean(&|s| s.split as f64),
+            goodput_gbps: mean(&|s| s.goodput_gbps),
+            p50: mean(&|s| s.latency_ms.p50),
+            p99: mean(&|s| s.latency_ms.p99),
+            max: runs.iter().map(|s| s.latency_ms.max).fold(0.0, f64::max),
+            valid: runs.iter().filter(|s| s.valid).count(),
+            invariant_ok: runs.iter().all(|s| s.invariant_ok),
+            published_loss_pct: published,
+        }
+    }
+}
+
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+pub fn render(rows: &[RunRow]) -> String {
+    let with_pub = rows.iter().any(|r| r.published_loss_pct.is_some());
+    let mut head = vec![
+        "#",
+        "FLPs",
+        "EPNs",
+        "STF size (B)",
+        "rate Hz",
+        "issued",
+        "completed",
+        "lost",
+        "loss %",
+        "incompl.",
+        "dropped",
+        "split",
+        "Gbit/s",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "valid",
+        "invariant",
+    ];
+    if with_pub {
+        head.push("published loss %");
+    }
+    let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
+    for r in rows {
+        let mut c = vec![
+            r.label.clone(),
+            r.flps.to_string(),
+            r.epns.to_string(),
+            r.stf_size.clone(),
+            num(r.rate_hz),
+            num(r.issued),
+            num(r.completed),
+            num(r.lost),
+            format!("{:.2}", r.loss_pct),
+            num(r.incomplete),
+            num(r.dropped),
+            num(r.split),
+            format!("{:.3}", r.goodput_gbps),
+            format!("{:.2}", r.p50),
+            format!("{:.2}", r.p99),
+            format!("{:.2}", r.max),
+            format!("{}/{}", r.valid, r.runs),
+            if r.invariant_ok { "ok" } else { "VIOLATED" }.to_string(),
+        ];
+        if with_pub {
+            c.push(
+                r.published_loss_pct
+                    .map(|p| format!("{p:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+            );
+        }
+        cells.push(c);
+    }
+    let widths: Vec<usize> = (0..cells[0].len())
+        .map(|i| cells.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (k, row) in cells.iter().enumerate() {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == 0 {
+                    format!("{c:<w$}", w = widths[i])
+                } else {
+                    format!("{c:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        if k == 0 {
+            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+            let _ = writeln!(out, "{}", "-".repeat(total));
+        }
+    }
+    out
+}
+
+pub fn print_runs(rows: &[RunRow]) {
+    print!("{}", render(rows));
+}
+
+pub fn csv(rows: &[RunRow]) -> String {
+    let mut out = String::from("label,flps,epns,stf_size,rate_hz,runs,issued,completed,lost,loss_pct,incomplete,dropped,split,goodput_gbps,latency_p50_ms,latency_p99_ms,latency_max_ms,valid_runs,invariant_ok,published_loss_pct\n");
+    for r in rows {
+        let _ =
+            writeln!(
+            out,
+            "\"{}\",{},{},\"{}\",{},{},{},{},{},{:.4},{},{},{},{:.4},{:.3},{:.3},{:.3},{},{},{}",
+            r.label,
+            r.flps,
+            r.epns,
+            r.stf_size,
+            r.rate_hz,
+            r.runs,
+            r.issued,
+            r.completed,
+            r.lost,
+            r.loss_pct,
+            r.incomplete,
+            r.dropped,
+            r.split,
+            r.goodput_gbps,
+            r.p50,
+            r.p99,
+            r.max,
+            r.valid,
+            r.invariant_ok,
+            r.published_loss_pct.map(|p| p.to_string()).unwrap_or_default()
+        );
+    }
+    out
+}

@@ -1,0 +1,172 @@
+//! Bad input gets a one-line error, a metric, and nothing else: garbage peers, wrong
+//! versions, unknown FLP ids, bad configuration values, ports in use.
+
+mod common;
+use common::*;
+
+use std::io::Write;
+use std::net::TcpStream;
+
+const BASE: &str = r#"
+build_timeout_ms = 10000
+drain_timeout_ms = 30000
+"#;
+
+fn send(addr: std::net::SocketAddr, bytes: &[u8]) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.write_all(bytes).unwrap();
+    // Leave the socket open briefly so the node reads the bytes, then close.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+}
+
+fn frame(version: u8, msg_type: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = b"FNIN".to_vec();
+    v.push(version);
+    v.push(msg_type);
+    v.extend_from_slice(&[0, 0]);
+    v.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+#[test]
+fn garbage_peers_are_refused_and_the_run_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut icn = start_icn(
+        dir.path(),
+        &format!("flps = 1\nepns = 2\nrate_hz = 50\ntfs = 150\nstf_size = \"32KiB\"\n{BASE}"),
+        "127.0.0.1:0",
+    );
+    let data_port = free_port();
+    let mut nodes = vec![
+        spawn_epn(
+            dir.path(),
+            icn.control,
+            0,
+            &["--data-bind", &format!("127.0.0.1:{data_port}")],
+        ),
+        spawn_epn(dir.path(), icn.control, 1, &[]),
+        spawn_flp(dir.path(), icn.control, 0),
+    ];
+    icn.wait_issued(10);
+    // To the ICN: not fanin at all, a wrong version, an oversized length, a truncated frame.
+    send(icn.control, b"GET / HTTP/1.0\r\n\r\n");
+    send(icn.control, &frame(9, 1, &[1, 0, 0, 0, 0, 0, 0, 0]));
+    send(icn.control, &frame(1, 1, &[])[..8]);
+    let mut huge = frame(1, 1, &[]);
+    huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
+    send(icn.control, &huge);
+    // An FLP id the run does not have.
+    let mut stranger = Proc::spawn(
+        "FLP 7",
+        fanin()
+            .args(["flp", "--icn", &icn.control.to_string(), "--id", "7"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped()),
+    );
+    // To an EPN's data port: garbage, and an STF frame before any DataHello.
+    send(
+        format!("127.0.0.1:{data_port}").parse().unwrap(),
+        &[0xAB; 64],
+    );
+    send(
+        format!("127.0.0.1:{data_port}").parse().unwrap(),
+        &frame(1, 9, &[0; 33]),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let m = scrape(icn.metrics);
+    assert!(
+        metric(&m, &["fanin_protocol_errors_total", "bad_magic"]) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, &["fanin_protocol_errors_total", "version"]) >= 1.0,
+        "{m}"
+    );
+    assert!(
+        metric(&m, &["fanin_protocol_errors_total", "oversized"]) >= 1.0,
+        "{m}"
+    );
+
+    let st = stranger.wait(30);
+    assert!(!st.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(stranger.child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let last = err.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("error: ") && last.contains("unknown FLP id 7"),
+        "{err}"
+    );
+
+    let (st, s, _) = icn.finish(60);
+    assert!(st.success());
+    assert_eq!(u(&s, "completed"), 150, "the run is unaffected: {s}");
+    assert_eq!(s["invariant_ok"], true);
+    let log = std::fs::read_to_string(dir.path().join("icn.log")).unwrap();
+    assert!(log.contains("bad magic"), "{log}");
+    assert!(log.contains("protocol version 9 not supported"), "{log}");
+    assert!(log.contains("unknown FLP id 7"), "{log}");
+    let epn_log = std::fs::read_to_string(dir.path().join("epn-0.log")).unwrap();
+    assert!(epn_log.contains("bad magic"), "{epn_log}");
+    assert!(epn_log.contains("expected DataHello"), "{epn_log}");
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+}
+
+fn one_line_error(args: &[&str], must_contain: &[&str]) {
+    let out = fanin().args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected for {args:?}: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for m in must_contain {
+        assert!(lines[0].contains(m), "{args:?}: {err} should contain {m}");
+    }
+}
+
+#[test]
+fn bad_configuration_values_name_their_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = [
+        ("[run]\nrate_hz = -1\n", "rate_hz"),
+        ("[run]\nflsp = 2\n", "flsp"),
+        ("[run]\nstf_size = \"12 parsecs\"\n", "stf_size"),
+        (
+            "[run]\nflp_buffer = \"1KiB\"\nstf_size = \"1MiB\"\n",
+            "flp_buffer",
+        ),
+        ("repetitions = 0\n", "repetitions"),
+        ("[run\n", "line 1, column 5"),
+    ];
+    for (i, (text, field)) in bad.iter().enumerate() {
+        let p = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&p, text).unwrap();
+        one_line_error(&["run", p.to_str().unwrap()], &[field]);
+    }
+    one_line_error(
+        &["run", "/nonexistent/exp.toml"],
+        &["/nonexistent/exp.toml"],
+    );
+    one_line_error(
+        &["flp", "--icn", "127.0.0.1:1", "--send-buffer", "12XB"],
+        &["--send-buffer"],
+    );
+    one_line_error(&["icn", "--rate=-3"], &["rate_hz"]);
+    one_line_error(&["icn", "--policy", "fastest"], &["fastest"]);
+}
+
+#[test]
+fn port_in_use_is_a_one_line_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    one_line_error(
+        &["icn", "--control", &addr],
+        &["control bind", &addr, "in use"],
+    );
+    one_line_error(
+        &["epn", "--icn", "127.0.0.1:1", "--data-bind", &addr],
+        &["data bind", &addr, "in use"],
+    );
+}

@@ -1,0 +1,180 @@
+//! Runs of real ICN, FLP and EPN processes over loopback TCP: a clean run, an EPN killed
+//! mid-run, nodes started before the ICN, and the static-modulo policy end to end.
+
+mod common;
+use common::*;
+
+/// Generous build time-out: these tests check accounting, not speed, on a loaded CI machine.
+const BASE: &str = r#"
+build_timeout_ms = 10000
+drain_timeout_ms = 30000
+crc = true
+flp_buffer = "64MiB"
+epn_buffer = "256MiB"
+"#;
+
+#[test]
+fn fanin_run_loses_nothing_and_accounts_for_every_tf() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = dir.path().join("small.toml");
+    std::fs::write(
+        &exp,
+        format!(
+            "name = \"small\"\n[run]\nflps = 2\nepns = 3\nrate_hz = 100\ntfs = 200\nstf_size = \"uniform(64KiB,256KiB)\"\n{BASE}"
+        ),
+    )
+    .unwrap();
+    let out = fanin()
+        .arg("run")
+        .arg(&exp)
+        .arg("--results")
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fanin run failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The table is printed with the TDR's columns.
+    assert!(
+        stdout.contains("loss %") && stdout.contains("p99 ms") && stdout.contains("invariant"),
+        "{stdout}"
+    );
+    let run_dir = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let s = read_summary(&run_dir);
+    assert_eq!(u(&s, "issued"), 200);
+    assert_eq!(u(&s, "completed"), 200, "{s}");
+    assert_eq!(u(&s, "lost"), 0);
+    assert_eq!(s["loss_pct"].as_f64(), Some(0.0));
+    assert_eq!(s["invariant_ok"], true);
+    assert_eq!(u(&s, "split"), 0);
+    assert_eq!(u(&s, "crc_errors"), 0);
+    assert!(s["goodput_gbps"].as_f64().unwrap() > 0.0);
+    for k in ["p50", "p99", "max"] {
+        assert!(s["latency_ms"][k].as_f64().unwrap() > 0.0, "latency {k}");
+    }
+    for f in [
+        "summary.csv",
+        "tfs.csv",
+        "config.toml",
+        "icn.log",
+        "epn-2.log",
+        "flp-1.log",
+    ] {
+        assert!(run_dir.join(f).exists(), "{f} missing");
+    }
+    let rows = tf_rows(&run_dir, 200);
+    assert!(rows.iter().all(|r| r.1 == "complete"));
+    // Every FLP and EPN sent its counters; the EPNs together built 400 STFs.
+    let nodes = s["nodes"].as_object().unwrap();
+    assert_eq!(nodes.len(), 5, "{nodes:?}");
+    let built: u64 = nodes
+        .values()
+        .filter_map(|c| c["events.stfs_built"].as_u64())
+        .sum();
+    assert_eq!(built, 400);
+}
+
+#[test]
+fn epn_killed_mid_run_ends_its_tfs_as_dropped_and_none_unaccounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut icn = start_icn(
+        dir.path(),
+        &format!("flps = 2\nepns = 3\nrate_hz = 100\ntfs = 400\nstf_size = \"128KiB\"\n{BASE}"),
+        "127.0.0.1:0",
+    );
+    let mut epns: Vec<Proc> = (0..3)
+        .map(|i| spawn_epn(dir.path(), icn.control, i, &[]))
+        .collect();
+    let mut flps: Vec<Proc> = (0..2)
+        .map(|i| spawn_flp(dir.path(), icn.control, i))
+        .collect();
+    icn.wait_issued(100);
+    // Freeze EPN 1 so TFs pile up in flight to it, then kill it.
+    epns[1].signal(libc::SIGSTOP);
+    icn.wait_issued(150);
+    epns[1].kill9();
+    let (st, s, results) = icn.finish(120);
+    assert!(st.success(), "ICN failed; see {}", dir.path().display());
+    assert_eq!(u(&s, "issued"), 400);
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    assert_eq!(
+        u(&s, "completed") + u(&s, "incomplete") + u(&s, "dropped"),
+        400
+    );
+    // About a third of the 50 TFs issued while it was frozen were in flight to it.
+    let lost_to_epn = s["dropped_by_reason"]["epn_lost"].as_u64().unwrap_or(0);
+    assert!(
+        lost_to_epn >= 5,
+        "TFs in flight to the dead EPN must end as dropped(epn_lost): {s}"
+    );
+    // After the EPN is gone the others take all new TFs: most TFs complete.
+    assert!(u(&s, "completed") >= 300, "{s}");
+    let events = s["events"].to_string();
+    assert!(
+        events.contains("EPN 1") && events.contains("lost"),
+        "{events}"
+    );
+    let rows = tf_rows(&results, 400);
+    let dropped_rows = rows.iter().filter(|r| r.1 == "dropped").count() as u64;
+    assert_eq!(dropped_rows, u(&s, "dropped"));
+    for p in flps.iter_mut().chain(epns.iter_mut()) {
+        if p.name != "EPN 1" {
+            assert!(p.wait(30).success(), "{} failed", p.name);
+        }
+    }
+}
+
+#[test]
+fn nodes_started_before_the_icn_join_when_it_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut nodes: Vec<Proc> = (0..2)
+        .map(|i| spawn_epn(dir.path(), addr, i, &[]))
+        .collect();
+    nodes.push(spawn_flp(dir.path(), addr, 0));
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let icn = start_icn(
+        dir.path(),
+        &format!("flps = 1\nepns = 2\nrate_hz = 50\ntfs = 50\nstf_size = \"32KiB\"\n{BASE}"),
+        &addr.to_string(),
+    );
+    let (st, s, _) = icn.finish(60);
+    assert!(st.success());
+    assert_eq!(u(&s, "completed"), 50, "{s}");
+    assert!(s["prerun_s"].as_f64().unwrap() >= 0.0);
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+}
+
+#[test]
+fn static_modulo_sends_tf_s_to_epn_s_mod_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let icn = start_icn(
+        dir.path(),
+        &format!("flps = 1\nepns = 3\nrate_hz = 100\ntfs = 30\nstf_size = \"16KiB\"\npolicy = \"static-modulo\"\n{BASE}"),
+        "127.0.0.1:0",
+    );
+    let mut nodes: Vec<Proc> = (0..3)
+        .map(|i| spawn_epn(dir.path(), icn.control, i, &[]))
+        .collect();
+    nodes.push(spawn_flp(dir.path(), icn.control, 0));
+    let (st, s, results) = icn.finish(60);
+    assert!(st.success());
+    assert_eq!(u(&s, "completed"), 30);
+    let t = std::fs::read_to_string(results.join("tfs.csv")).unwrap();
+    for l in t.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        let (tf, epn): (u64, u64) = (f[0].parse().unwrap(), f[1].parse().unwrap());
+        assert_eq!(epn, tf % 3, "{l}");
+    }
+}

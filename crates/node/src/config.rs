@@ -1,0 +1,359 @@
+//! Run configuration: what the ICN runs (counts, rate, length, STF sizes, policy, limits).
+//! Parsed from TOML or flags, then validated so every bad value names its field.
+
+use std::time::Duration;
+
+use fanin_proto::SizeWire;
+use fanin_sched::{parse_bytes, PolicyKind, StfSize};
+use serde::{Deserialize, Serialize};
+
+/// One run, as written in an experiment file's `[run]` table or `config.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    /// Number of FLPs (their ids are 0..flps).
+    pub flps: u32,
+    /// Number of EPNs expected before the run starts.
+    pub epns: u32,
+    /// TFs issued per second; 0 = unthrottled (bounded by `max_inflight`).
+    pub rate_hz: f64,
+    /// Run length as a TF count ...
+    pub tfs: Option<u64>,
+    /// ... or as a duration in seconds (used when `tfs` is absent).
+    pub duration_s: Option<f64>,
+    /// STF size model: `1MiB`, `uniform(MIN,MAX)`, `sine(MEAN,AMPL,PERIOD)`, `random(MEAN,SPREAD)`.
+    pub stf_size: String,
+    pub policy: PolicyKind,
+    /// EPN: a TF whose first STF arrived this long ago and is still incomplete is closed.
+    pub build_timeout_ms: u64,
+    /// FLPs add a CRC32C of each payload; EPNs check it.
+    pub crc: bool,
+    /// FLP send buffer limit (bytes of STFs queued, not yet written to the socket).
+    pub flp_buffer: String,
+    /// EPN build buffer limit (bytes of STFs held for TFs being built).
+    pub epn_buffer: String,
+    /// TFs the ICN lets be in flight at once; over it: wait (unthrottled) or drop (paced).
+    pub max_inflight: u64,
+    /// Seed of the STF size model and payload contents.
+    pub seed: u64,
+    /// How long the ICN waits at run end for outstanding TFs (default: 2 x build timeout + 2 s).
+    pub drain_timeout_ms: Option<u64>,
+    /// How long the ICN waits for all nodes to register and connect.
+    pub prerun_timeout_s: f64,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            flps: 2,
+            epns: 6,
+            rate_hz: 200.0,
+            tfs: None,
+            duration_s: Some(18.0),
+            stf_size: "1MiB".into(),
+            policy: PolicyKind::RoundRobin,
+            build_timeout_ms: 1000,
+            crc: true,
+            flp_buffer: "256MiB".into(),
+            epn_buffer: "1GiB".into(),
+            max_inflight: 10_000,
+            seed: 1,
+            drain_timeout_ms: None,
+            prerun_timeout_s: 60.0,
+        }
+    }
+}
+
+/// A `RunConfig` whose values were checked and parsed.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub cfg: RunConfig,
+    pub stf_size: StfSize,
+    pub flp_buffer: u64,
+    pub epn_buffer: u64,
+    /// Exactly how many TFs the ICN issues, when known in advance.
+    pub total_tfs: Option<u64>,
+    /// Configured run duration (for the +-1 % validity check), when paced.
+    pub configured_duration: Option<Duration>,
+}
+
+/// Largest STF accepted (the frame length field is 32 bits; stay well inside it).
+pub const MAX_STF_BYTES: u64 = 1 << 30;
+
+fn field_err(field: &str, msg: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("config field `{field}`: {msg}")
+}
+
+impl RunConfig {
+    pub fn check(&self) -> anyhow::Result<Checked> {
+        if self.flps == 0 || self.flps > 100_000 {
+            return Err(field_err(
+                "flps",
+                format!("{} is not within 1..=100000", self.flps),
+            ));
+        }
+        if self.epns == 0 || self.epns > 100_000 {
+            return Err(field_err(
+                "epns",
+                format!("{} is not within 1..=100000", self.epns),
+            ));
+        }
+        if !self.rate_hz.is_finite() || self.rate_hz < 0.0 || self.rate_hz > 1e6 {
+            return Err(field_err(
+                "rate_hz",
+                format!(
+                    "{} is not within 0..=1000000 (0 = unthrottled)",
+                    self.rate_hz
+                ),
+            ));
+        }
+        let stf_size: StfSize = self
+            .stf_size
+            .parse()
+            .map_err(|e| field_err("stf_size", e))?;
+        if stf_size.max() > MAX_STF_BYTES {
+            return Err(field_err(
+                "stf_size",
+                format!(
+                    "largest STF {} exceeds {MAX_STF_BYTES} bytes",
+                    stf_size.max()
+                ),
+            ));
+        }
+        let flp_buffer = parse_bytes(&self.flp_buffer).map_err(|e| field_err("flp_buffer", e))?;
+        let epn_buffer = parse_bytes(&self.epn_buffer).map_err(|e| field_err("epn_buffer", e))?;
+        if flp_buffer < stf_size.max() {
+            return Err(field_err(
+                "flp_buffer",
+                format!(
+                    "{flp_buffer} bytes cannot hold the largest STF ({} bytes)",
+                    stf_size.max()
+                ),
+            ));
+        }
+        if epn_buffer < stf_size.max() {
+            return Err(field_err(
+                "epn_buffer",
+                format!(
+                    "{epn_buffer} bytes cannot hold the largest STF ({} bytes)",
+                    stf_size.max()
+                ),
+            ));
+        }
+        if self.build_timeout_ms == 0 || self.build_timeout_ms > 3_600_000 {
+            return Err(field_err(
+                "build_timeout_ms",
+                format!("{} is not within 1..=3600000", self.build_timeout_ms),
+            ));
+        }
+        if self.max_inflight == 0 {
+            return Err(field_err("max_inflight", "must be at least 1"));
+        }
+        if !(self.prerun_timeout_s > 0.0 && self.prerun_timeout_s <= 3600.0) {
+            return Err(field_err("prerun_timeout_s", "must be within (0, 3600]"));
+        }
+        let (total_tfs, configured_duration) = match (self.tfs, self.duration_s) {
+            (Some(0), _) => return Err(field_err("tfs", "must be at least 1")),
+            (Some(n), _) if self.rate_hz > 0.0 => (
+                Some(n),
+                Some(Duration::from_secs_f64(n as f64 / self.rate_hz)),
+            ),
+            (Some(n), _) => (Some(n), None),
+            (None, Some(d)) if d.is_finite() && d > 0.0 && d <= 7.0 * 86400.0 => {
+                if self.rate_hz > 0.0 {
+                    let n = (d * self.rate_hz).round().max(1.0) as u64;
+                    (
+                        Some(n),
+                        Some(Duration::from_secs_f64(n as f64 / self.rate_hz)),
+                    )
+                } else {
+                    (None, Some(Duration::from_secs_f64(d)))
+                }
+            }
+            (None, Some(d)) => {
+                return Err(field_err(
+                    "duration_s",
+                    format!("{d} is not within (0, 604800]"),
+                ))
+            }
+            (None, None) => return Err(field_err("tfs", "set `tfs` or `duration_s`")),
+        };
+        Ok(Checked {
+            cfg: self.clone(),
+            stf_size,
+            flp_buffer,
+            epn_buffer,
+            total_tfs,
+            configured_duration,
+        })
+    }
+}
+
+impl Checked {
+    pub fn build_timeout(&self) -> Duration {
+        Duration::from_millis(self.cfg.build_timeout_ms)
+    }
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(
+            self.cfg
+                .drain_timeout_ms
+                .unwrap_or(2 * self.cfg.build_timeout_ms + 2000),
+        )
+    }
+    pub fn paced(&self) -> bool {
+        self.cfg.rate_hz > 0.0
+    }
+}
+
+/// STF size model <-> its wire form in `Prepare`.
+pub fn size_to_wire(s: StfSize) -> SizeWire {
+    match s {
+        StfSize::Fixed(n) => SizeWire {
+            kind: 1,
+            a: n,
+            b: 0,
+            c: 0,
+        },
+        StfSize::Uniform { min, max } => SizeWire {
+            kind: 2,
+            a: min,
+            b: max,
+            c: 0,
+        },
+        StfSize::Sine {
+            mean,
+            amplitude,
+            period,
+        } => SizeWire {
+            kind: 3,
+            a: mean,
+            b: amplitude,
+            c: period,
+        },
+        StfSize::Random { mean, spread } => SizeWire {
+            kind: 4,
+            a: mean,
+            b: (spread * 1e6).round() as u64,
+            c: 0,
+        },
+    }
+}
+
+pub fn size_from_wire(w: SizeWire) -> anyhow::Result<StfSize> {
+    let s = match w.kind {
+        1 => StfSize::Fixed(w.a),
+        2 if w.a <= w.b => StfSize::Uniform { min: w.a, max: w.b },
+        3 if w.c > 0 && w.b <= w.a => StfSize::Sine {
+            mean: w.a,
+            amplitude: w.b,
+            period: w.c,
+        },
+        4 if w.b <= 1_000_000 => StfSize::Random {
+            mean: w.a,
+            spread: w.b as f64 / 1e6,
+        },
+        _ => anyhow::bail!("prepare.size: invalid STF size model {w:?}"),
+    };
+    if s.max() > MAX_STF_BYTES {
+        anyhow::bail!(
+            "prepare.size: largest STF {} exceeds {MAX_STF_BYTES}",
+            s.max()
+        );
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_counts_tfs() {
+        let c = RunConfig::default().check().unwrap();
+        assert_eq!(c.total_tfs, Some(3600));
+        assert_eq!(c.configured_duration, Some(Duration::from_secs(18)));
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let cases: Vec<(RunConfig, &str)> = vec![
+            (
+                RunConfig {
+                    flps: 0,
+                    ..Default::default()
+                },
+                "`flps`",
+            ),
+            (
+                RunConfig {
+                    rate_hz: -1.0,
+                    ..Default::default()
+                },
+                "`rate_hz`",
+            ),
+            (
+                RunConfig {
+                    stf_size: "lots".into(),
+                    ..Default::default()
+                },
+                "`stf_size`",
+            ),
+            (
+                RunConfig {
+                    epn_buffer: "1 XB".into(),
+                    ..Default::default()
+                },
+                "`epn_buffer`",
+            ),
+            (
+                RunConfig {
+                    tfs: Some(0),
+                    ..Default::default()
+                },
+                "`tfs`",
+            ),
+            (
+                RunConfig {
+                    tfs: None,
+                    duration_s: Some(-3.0),
+                    ..Default::default()
+                },
+                "`duration_s`",
+            ),
+            (
+                RunConfig {
+                    build_timeout_ms: 0,
+                    ..Default::default()
+                },
+                "`build_timeout_ms`",
+            ),
+        ];
+        for (c, field) in cases {
+            let e = c.check().unwrap_err().to_string();
+            assert!(e.contains(field), "{e} should name {field}");
+        }
+    }
+
+    #[test]
+    fn unknown_toml_field_is_named() {
+        let e = toml::from_str::<RunConfig>("rat_hz = 3")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rat_hz"), "{e}");
+    }
+
+    #[test]
+    fn size_models_cross_the_wire() {
+        for s in ["123", "uniform(1,9)", "sine(10,5,3)", "random(100,0.5)"] {
+            let m: StfSize = s.parse().unwrap();
+            assert_eq!(size_from_wire(size_to_wire(m)).unwrap(), m);
+        }
+        assert!(size_from_wire(SizeWire {
+            kind: 9,
+            a: 0,
+            b: 0,
+            c: 0
+        })
+        .is_err());
+    }
+}

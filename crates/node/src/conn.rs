@@ -1,0 +1,167 @@
+//! Framed transport over TCP: reading one validated frame, and the control writer task.
+//! Every failure becomes a `ConnError` whose message names what was wrong.
+
+use std::time::Duration;
+
+use fanin_proto::{DecodeError, FrameHeader, Message, HEADER_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+/// Messages a control writer may hold before the peer counts as stuck.
+pub const CONTROL_QUEUE: usize = 1 << 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Decode(#[from] DecodeError),
+    #[error("connection closed in the middle of a frame")]
+    Eof,
+    #[error("no frame within {0:?}")]
+    Timeout(Duration),
+}
+
+impl ConnError {
+    /// Short label for the protocol-error metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ConnError::Io(_) => "io",
+            ConnError::Eof => "truncated",
+            ConnError::Timeout(_) => "timeout",
+            ConnError::Decode(d) => match d {
+                DecodeError::BadMagic(_) => "bad_magic",
+                DecodeError::Version { .. } => "version",
+                DecodeError::Oversized { .. } => "oversized",
+                DecodeError::UnknownType(_) => "unknown_type",
+                _ => "malformed",
+            },
+        }
+    }
+}
+
+/// Reads exactly `buf.len()` bytes; `Ok(false)` if the peer closed before the first byte.
+pub async fn read_exact_or_eof<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut [u8],
+) -> Result<bool, ConnError> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = r.read(&mut buf[got..]).await?;
+        if n == 0 {
+            return if got == 0 {
+                Ok(false)
+            } else {
+                Err(ConnError::Eof)
+            };
+        }
+        got += n;
+    }
+    Ok(true)
+}
+
+/// Reads and validates the next frame header; `None` on a clean close.
+pub async fn read_header<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_body: u32,
+) -> Result<Option<FrameHeader>, ConnError> {
+    let mut hb = [0u8; HEADER_LEN];
+    if !read_exact_or_eof(r, &mut hb).await? {
+        return Ok(None);
+    }
+    Ok(Some(FrameHeader::decode(&hb, max_body)?))
+}
+
+/// Reads one whole frame; `None` on a clean close between frames.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_body: u32,
+) -> Result<Option<Message>, ConnError> {
+    let Some(h) = read_header(r, max_body).await? else {
+        return Ok(None);
+    };
+    let mut body = vec![0u8; h.length as usize];
+    if !read_exact_or_eof(r, &mut body).await? && !body.is_empty() {
+        return Err(ConnError::Eof);
+    }
+    Ok(Some(Message::decode(h, &body)?))
+}
+
+/// `read_frame` with a deadline, for handshakes.
+pub async fn read_frame_within<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_body: u32,
+    limit: Duration,
+) -> Result<Option<Message>, ConnError> {
+    tokio::time::timeout(limit, read_frame(r, max_body))
+        .await
+        .map_err(|_| ConnError::Timeout(limit))?
+}
+
+pub async fn write_msg(s: &mut TcpStream, m: &Message) -> Result<(), ConnError> {
+    s.write_all(&m.encode()).await?;
+    Ok(())
+}
+
+/// Spawns the task that owns the write half of a control connection. Messages are
+/// encoded in order and flushed in batches; the queue is bounded.
+pub fn spawn_writer(
+    half: OwnedWriteHalf,
+    peer: String,
+) -> (mpsc::Sender<Message>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<Message>(CONTROL_QUEUE);
+    let task = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(64 * 1024, half);
+        while let Some(m) = rx.recv().await {
+            let mut res = w.write_all(&m.encode()).await;
+            while res.is_ok() {
+                match rx.try_recv() {
+                    Ok(m) => res = w.write_all(&m.encode()).await,
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = res.and(w.flush().await) {
+                tracing::warn!("control write to {peer} failed: {e}");
+                return;
+            }
+        }
+        let _ = w.shutdown().await;
+    });
+    (tx, task)
+}
+
+/// Connects with retries until `limit` passes: lets nodes start before the ICN.
+pub async fn connect_retry(
+    addr: std::net::SocketAddr,
+    bind_ip: Option<std::net::IpAddr>,
+    limit: Duration,
+    what: &str,
+) -> anyhow::Result<TcpStream> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let sock = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        if let Some(ip) = bind_ip {
+            sock.bind(std::net::SocketAddr::new(ip, 0))
+                .map_err(|e| anyhow::anyhow!("{what}: cannot bind local address {ip}: {e}"))?;
+        }
+        match sock.connect(addr).await {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                return Ok(s);
+            }
+            Err(e) if tokio::time::Instant::now() + backoff < deadline => {
+                tracing::debug!("{what} {addr}: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            Err(e) => anyhow::bail!("{what} {addr}: {e} (gave up after {limit:?})"),
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! The EPN's TF builder: collects the STFs of each TF until it holds one from every FLP,
+//! closes TFs on time-out, and detects split TFs, duplicates and late STFs. Pure: no I/O.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use fanin_proto::{Reason, TfReport, TfStatus};
+use fanin_sched::{EpnId, FlpId, TfId};
+
+/// What the builder asks its caller to do.
+#[derive(Debug, PartialEq)]
+pub enum Out<P> {
+    /// Send this report to the ICN.
+    Report(TfReport),
+    /// The builder no longer holds this payload: return its bytes to the build buffer.
+    Free(P),
+}
+
+/// Running totals, published as metrics and sent to the ICN at run end.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BuildCounters {
+    pub stfs: u64,
+    pub bytes: u64,
+    pub complete: u64,
+    pub incomplete: u64,
+    pub dropped: u64,
+    /// TFs this EPN saw STFs of without being their builder, or whose FLPs disagreed
+    /// about the EPN.
+    pub split_tfs: u64,
+    /// STFs addressed by their FLP to another EPN.
+    pub split_stfs: u64,
+    pub duplicate_stfs: u64,
+    /// STFs of a TF already closed here.
+    pub late_stfs: u64,
+    pub crc_errors: u64,
+    pub unknown_flp_stfs: u64,
+    /// STFs discarded because their TF was already dropped.
+    pub discarded_stfs: u64,
+}
+
+impl BuildCounters {
+    pub fn named(&self) -> [(&'static str, u64); 12] {
+        [
+            ("stfs_built", self.stfs),
+            ("bytes_built", self.bytes),
+            ("tfs_complete", self.complete),
+            ("tfs_incomplete", self.incomplete),
+            ("tfs_dropped", self.dropped),
+            ("split_tfs", self.split_tfs),
+            ("split_stfs", self.split_stfs),
+            ("duplicate_stfs", self.duplicate_stfs),
+            ("late_stfs", self.late_stfs),
+            ("crc_errors", self.crc_errors),
+            ("unknown_flp_stfs", self.unknown_flp_stfs),
+            ("discarded_stfs", self.discarded_stfs),
+        ]
+    }
+}
+
+struct Slot<P> {
+    /// The ICN told us this TF is ours.
+    assigned: bool,
+    /// Arrival of the first STF (the build time-out runs from here).
+    first_us: Option<u64>,
+    parts: Vec<Option<P>>,
+    have: u32,
+    bytes: u64,
+    /// Some FLP addressed its STF of this TF to another EPN.
+    split: bool,
+    /// Some STF failed its CRC check.
+    corrupt: bool,
+    dropped: Option<Reason>,
+}
+
+/// A bounded set of recently closed TF ids (to recognise late STFs).
+struct Recent {
+    set: HashSet<TfId>,
+    order: VecDeque<TfId>,
+    cap: usize,
+}
+
+impl Recent {
+    fn new(cap: usize) -> Self {
+        Recent {
+            set: HashSet::with_capacity(cap),
+            order: VecDeque::with_capacity(cap),
+            cap,
+        }
+    }
+    fn insert(&mut self, tf: TfId) {
+        if self.set.insert(tf) {
+            self.order.push_back(tf);
+            if self.order.len() > self.cap {
+                let old = self.order.pop_front().expect("non-empty");
+                self.set.remove(&old);
+            }
+        }
+    }
+    fn contains(&self, tf: TfId) -> bool {
+        self.set.contains(&tf)
+    }
+}
+
+pub struct Builder<P> {
+    me: EpnId,
+    flps: u32,
+    timeout_us: u64,
+    max_slots: usize,
+    slots: HashMap<TfId, Slot<P>>,
+    closed: Recent,
+    pub counters: BuildCounters,
+}
+
+impl<P> Builder<P> {
+    /// `max_slots` bounds the TFs in building at once; beyond it new TFs are dropped
+    /// (`epn_slot_limit`).
+    pub fn new(me: EpnId, flps: u32, timeout_us: u64, max_slots: usize) -> Self {
+        assert!(flps > 0 && max_slots > 0);
+        Builder {
+            me,
+            flps,
+            timeout_us,
+            max_slots,
+            slots: HashMap::new(),
+            closed: Recent::new(1 << 16),
+            counters: BuildCounters::default(),
+        }
+    }
+
+    /// TFs currently in building.
+    pub fn building(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn slot(&mut self, tf: TfId, out: &mut Vec<Out<P>>) -> Option<&mut Slot<P>> {
+        if !self.slots.contains_key(&tf) {
+            if self.slots.len() >= self.max_slots {
+                self.closed.insert(tf);
+                self.counters.dropped += 1;
+                out.push(Out::Report(TfReport {
+                    tf_id: tf,
+                    status: TfStatus::Dropped,
+                    reason: Reason::EpnSlotLimit,
+                    stfs: 0,
+                    bytes: 0,
+                }));
+                return None;
+            }
+            let mut parts = Vec::with_capacity(self.flps as usize);
+            parts.resize_with(self.flps as usize, || None);
+            self.slots.insert(
+                tf,
+                Slot {
+                    assigned: false,
+                    first_us: None,
+                    parts,
+                    have: 0,
+                    bytes: 0,
+                    split: false,
+                    corrupt: false,
+                    dropped: None,
+                },
+            );
+        }
+        self.slots.get_mut(&tf)
+    }
+
+    /// The ICN assigned `tf` to this EPN.
+    pub fn assigned(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
+        if self.closed.contains(tf) {
+            return;
+        }
+        let Some(s) = self.slot(tf, out) else {
+            return;
+        };
+        s.assigned = true;
+        if let Some(r) = s.dropped {
+            self.close(tf, TfStatus::Dropped, r, out);
+        } else {
+            self.try_complete(tf, out);
+        }
+    }
+
+    /// An STF arrived: `target` is the EPN its FLP addressed it to.
+    pub fn stf(
+        &mut self,
+        tf: TfId,
+        flp: FlpId,
+        target: EpnId,
+        bytes: u64,
+        payload: P,
+        now_us: u64,
+        out: &mut Vec<Out<P>>,
+    ) {
+        if flp >= self.flps {
+            self.counters.unknown_flp_stfs += 1;
+            return out.push(Out::Free(payload));
+        }
+        if self.closed.contains(tf) {
+            self.counters.late_stfs += 1;
+            return out.push(Out::Free(payload));
+        }
+        let me = self.me;
+        let Some(s) = self.slot(tf, out) else {
+            return out.push(Out::Free(payload));
+        };
+        s.first_us.get_or_insert(now_us);
+        if target != me {
+            s.split = true;
+            self.counters.split_stfs += 1;
+            return out.push(Out::Free(payload));
+        }
+        if s.dropped.is_some() {
+            self.counters.discarded_stfs += 1;
+            return out.push(Out::Free(payload));
+        }
+        let part = &mut s.parts[flp as usize];
+        if part.is_some() {
+            self.counters.duplicate_stfs += 1;
+            return out.push(Out::Free(payload));
+        }
+        *part = Some(payload);
+        s.have += 1;
+        s.bytes += bytes;
+        self.counters.stfs += 1;
+        self.counters.bytes += bytes;
+        self.try_complete(tf, out);
+    }
+
+    /// An STF arrived but could not be kept (`epn_buffer_full`) or was corrupt (`crc_error`).
+    pub fn lost_stf(&mut self, tf: TfId, reason: Reason, now_us: u64, out: &mut Vec<Out<P>>) {
+        if self.closed.contains(tf) {
+            self.counters.late_stfs += 1;
+            return;
+        }
+        let Some(s) = self.slot(tf, out) else {
+            return;
+        };
+        s.first_us.get_or_insert(now_us);
+        if reason == Reason::CrcError {
+            s.corrupt = true;
+            self.counters.crc_errors += 1;
+            return;
+        }
+        if s.dropped.is_none() {
+            s.dropped = Some(reason);
+            // Free what we hold now: the TF cannot complete.
+            for p in s.parts.iter_mut().filter_map(Option::take) {
+                out.push(Out::Free(p));
+            }
+            s.have = 0;
+            s.bytes = 0;
+            if s.assigned {
+                self.close(tf, TfStatus::Dropped, reason, out);
+            }
+        }
+    }
+
+    fn try_complete(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
+        let flps = self.flps;
+        if let Some(s) = self.slots.get(&tf) {
+            if s.assigned && !s.split && !s.corrupt && s.dropped.is_none() && s.have == flps {
+                self.close(tf, TfStatus::Complete, Reason::None, out);
+            }
+        }
+    }
+
+    fn close(&mut self, tf: TfId, status: TfStatus, reason: Reason, out: &mut Vec<Out<P>>) {
+        let Some(mut s) = self.slots.remove(&tf) else {
+            return;
+        };
+        self.closed.insert(tf);
+        let (stfs, bytes) = (s.have, s.bytes);
+        for p in s.parts.iter_mut().filter_map(Option::take) {
+            out.push(Out::Free(p));
+        }
+        if !s.assigned {
+            // STFs of a TF the ICN never gave us: a split TF, nothing to report.
+            self.counters.split_tfs += 1;
+            return;
+        }
+        if s.split {
+            self.counters.split_tfs += 1;
+        }
+        match status {
+            TfStatus::Complete => self.counters.complete += 1,
+            TfStatus::Incomplete => self.counters.incomplete += 1,
+            TfStatus::Dropped => self.counters.dropped += 1,
+        }
+        out.push(Out::Report(TfReport {
+            tf_id: tf,
+            status,
+            reason,
+            stfs,
+            bytes,
+        }));
+    }
+
+    fn close_incomplete(&mut self, tf: TfId, default: Reason, out: &mut Vec<Out<P>>) {
+        let Some(s) = self.slots.get(&tf) else {
+            return;
+        };
+        let (status, reason) = match (s.dropped, s.split, s.corrupt) {
+            (Some(r), _, _) => (TfStatus::Dropped, r),
+            (None, true, _) => (TfStatus::Incomplete, Reason::Split),
+            (None, false, true) => (TfStatus::Incomplete, Reason::CrcError),
+            (None, false, false) => (TfStatus::Incomplete, default),
+        };
+        self.close(tf, status, reason, out);
+    }
+
+    /// Closes TFs whose first STF arrived more than the time-out ago.
+    pub fn tick(&mut self, now_us: u64, out: &mut Vec<Out<P>>) {
+        let mut due: Vec<TfId> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| {
+                s.first_us
+                    .is_some_and(|f| now_us.saturating_sub(f) >= self.timeout_us)
+            })
+            .map(|(&tf, _)| tf)
+            .collect();
+        due.sort_unstable();
+        for tf in due {
+            self.close_incomplete(tf, Reason::BuildTimeout, out);
+        }
+    }
+
+    /// Run end: closes everything still in building.
+    pub fn stop(&mut self, out: &mut Vec<Out<P>>) {
+        let mut all: Vec<TfId> = self.slots.keys().copied().collect();
+        all.sort_unstable();
+        for tf in all {
+            self.close_incomplete(tf, Reason::RunStopped, out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reports(out: &[Out<u32>]) -> Vec<(TfId, TfStatus, Reason)> {
+        out.iter()
+            .filter_map(|o| match o {
+                Out::Report(r) => Some((r.tf_id, r.status, r.reason)),
+                Out::Free(_) => None,
+            })
+            .collect()
+    }
+
+    fn freed(out: &[Out<u32>]) -> Vec<u32> {
+        let mut v: Vec<u32> = out
+            .iter()
+            .filter_map(|o| match o {
+                Out::Free(p) => Some(*p),
+                Out::Report(_) => None,
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn builds_when_all_flps_arrived_and_the_tf_is_ours() {
+        let mut b = Builder::new(1, 3, 1000, 16);
+        let mut out = vec![];
+        b.assigned(5, &mut out);
+        b.stf(5, 0, 1, 10, 100, 0, &mut out);
+        b.stf(5, 2, 1, 10, 102, 1, &mut out);
+        assert!(reports(&out).is_empty());
+        b.stf(5, 1, 1, 10, 101, 2, &mut out);
+        assert_eq!(reports(&out), vec![(5, TfStatus::Complete, Reason::None)]);
+        assert_eq!(freed(&out), vec![100, 101, 102]);
+        assert_eq!(b.building(), 0);
+        assert_eq!(b.counters.complete, 1);
+        assert_eq!(b.counters.bytes, 30);
+    }
+
+    #[test]
+    fn stfs_before_the_assignment_wait_for_it() {
+        let mut b = Builder::new(1, 2, 1000, 16);
+        let mut out = vec![];
+        b.stf(9, 0, 1, 1, 1, 0, &mut out);
+        b.stf(9, 1, 1, 1, 2, 0, &mut out);
+        assert!(reports(&out).is_empty());
+        b.assigned(9, &mut out);
+        assert_eq!(reports(&out), vec![(9, TfStatus::Complete, Reason::None)]);
+    }
+
+    #[test]
+    fn time_out_closes_incomplete_and_late_stfs_are_counted() {
+        let mut b = Builder::new(0, 2, 1000, 16);
+        let mut out = vec![];
+        b.assigned(1, &mut out);
+        b.stf(1, 0, 0, 1, 7, 100, &mut out);
+        b.tick(1099, &mut out);
+        assert!(reports(&out).is_empty());
+        b.tick(1100, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(1, TfStatus::Incomplete, Reason::BuildTimeout)]
+        );
+        assert_eq!(freed(&out), vec![7]);
+        out.clear();
+        b.stf(1, 1, 0, 1, 8, 1200, &mut out);
+        assert_eq!(freed(&out), vec![8]);
+        assert_eq!(b.counters.late_stfs, 1);
+        assert!(reports(&out).is_empty());
+    }
+
+    #[test]
+    fn assigned_tfs_without_stfs_do_not_time_out_but_end_at_stop() {
+        let mut b = Builder::<u32>::new(0, 2, 10, 16);
+        let mut out = vec![];
+        b.assigned(3, &mut out);
+        b.tick(1_000_000, &mut out);
+        assert!(out.is_empty());
+        b.stop(&mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(3, TfStatus::Incomplete, Reason::RunStopped)]
+        );
+    }
+
+    #[test]
+    fn duplicates_are_counted_and_freed() {
+        let mut b = Builder::new(0, 2, 1000, 16);
+        let mut out = vec![];
+        b.assigned(1, &mut out);
+        b.stf(1, 0, 0, 1, 1, 0, &mut out);
+        b.stf(1, 0, 0, 1, 2, 0, &mut out);
+        assert_eq!(b.counters.duplicate_stfs, 1);
+        assert_eq!(freed(&out), vec![2]);
+        assert!(reports(&out).is_empty());
+    }
+
+    #[test]
+    fn an_stf_addressed_elsewhere_splits_the_tf() {
+        let mut b = Builder::new(0, 2, 1000, 16);
+        let mut out = vec![];
+        b.assigned(4, &mut out);
+        b.stf(4, 0, 0, 1, 1, 0, &mut out);
+        b.stf(4, 1, 3, 1, 2, 0, &mut out); // FLP 1 thinks EPN 3 builds TF 4
+        b.tick(1000, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(4, TfStatus::Incomplete, Reason::Split)]
+        );
+        assert_eq!(b.counters.split_tfs, 1);
+        assert_eq!(b.counters.split_stfs, 1);
+        assert_eq!(freed(&out), vec![1, 2]);
+    }
+
+    #[test]
+    fn stfs_of_a_tf_never_assigned_here_count_as_split_without_report() {
+        let mut b = Builder::new(0, 2, 1000, 16);
+        let mut out = vec![];
+        b.stf(8, 0, 0, 1, 1, 0, &mut out);
+        b.stf(8, 1, 0, 1, 2, 0, &mut out);
+        b.tick(1000, &mut out);
+        assert!(reports(&out).is_empty());
+        assert_eq!(b.counters.split_tfs, 1);
+        assert_eq!(freed(&out), vec![1, 2]);
+    }
+
+    #[test]
+    fn buffer_full_drops_the_tf_and_frees_what_it_held() {
+        let mut b = Builder::new(0, 3, 1000, 16);
+        let mut out = vec![];
+        b.assigned(2, &mut out);
+        b.stf(2, 0, 0, 1, 1, 0, &mut out);
+        b.lost_stf(2, Reason::EpnBufferFull, 0, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(2, TfStatus::Dropped, Reason::EpnBufferFull)]
+        );
+        assert_eq!(freed(&out), vec![1]);
+        out.clear();
+        b.stf(2, 2, 0, 1, 3, 0, &mut out);
+        assert_eq!(freed(&out), vec![3]);
+        assert!(reports(&out).is_empty());
+    }
+
+    #[test]
+    fn crc_error_makes_the_tf_incomplete_with_that_reason() {
+        let mut b = Builder::new(0, 2, 1000, 16);
+        let mut out = vec![];
+        b.assigned(6, &mut out);
+        b.stf(6, 0, 0, 1, 1, 0, &mut out);
+        b.lost_stf(6, Reason::CrcError, 0, &mut out);
+        b.tick(1000, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(6, TfStatus::Incomplete, Reason::CrcError)]
+        );
+        assert_eq!(b.counters.crc_errors, 1);
+    }
+
+    #[test]
+    fn slot_limit_drops_new_tfs_with_a_named_reason() {
+        let mut b = Builder::new(0, 2, 1000, 2);
+        let mut out = vec![];
+        b.assigned(1, &mut out);
+        b.assigned(2, &mut out);
+        b.assigned(3, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(3, TfStatus::Dropped, Reason::EpnSlotLimit)]
+        );
+        out.clear();
+        b.stf(3, 0, 0, 1, 9, 0, &mut out);
+        assert_eq!(freed(&out), vec![9]);
+        assert_eq!(b.building(), 2);
+    }
+
+    #[test]
+    fn unknown_flp_is_counted() {
+        let mut b = Builder::new(0, 2, 1000, 2);
+        let mut out = vec![];
+        b.stf(1, 5, 0, 1, 9, 0, &mut out);
+        assert_eq!(b.counters.unknown_flp_stfs, 1);
+        assert_eq!(freed(&out), vec![9]);
+        assert_eq!(b.building(), 0);
+    }
+}

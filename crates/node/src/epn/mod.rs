@@ -1,0 +1,245 @@
+//! The EPN: registers its data address with the ICN, accepts STFs from every FLP,
+//! builds TFs and reports each one to the ICN (complete, incomplete, or dropped).
+
+pub mod builder;
+pub mod receiver;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use fanin_proto::{Message, NodeStats, Register, Role, MAX_CONTROL_BODY};
+use tokio::io::BufReader;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::budget::ByteBudget;
+use crate::config::size_from_wire;
+use crate::conn::{connect_retry, read_frame, read_frame_within, spawn_writer};
+use crate::metrics::{self, Metrics};
+use builder::{Builder, Out};
+use receiver::{BufPool, BuildEvent, DataCtx};
+
+pub struct EpnOptions {
+    pub icn: SocketAddr,
+    pub id: Option<u32>,
+    /// Where FLPs connect (the data network).
+    pub data_bind: SocketAddr,
+    /// Address announced to FLPs, when `data_bind` is not reachable as is (0.0.0.0, NAT).
+    pub advertise: Option<SocketAddr>,
+    /// Local address of the control connection (the auxiliary network).
+    pub control_bind: Option<IpAddr>,
+    /// Build buffer limit in bytes.
+    pub build_buffer: u64,
+    /// TFs in building at once.
+    pub max_building: usize,
+    pub metrics_bind: Option<SocketAddr>,
+    pub connect_timeout: Duration,
+}
+
+pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(opts.data_bind)
+        .await
+        .with_context(|| format!("EPN data bind {}", opts.data_bind))?;
+    let local = listener.local_addr()?;
+    let metrics = Metrics::new("epn", opts.id);
+    if let Some(b) = opts.metrics_bind {
+        let a = metrics::serve(b, metrics.clone()).await?;
+        tracing::info!("EPN metrics on http://{a}/metrics");
+    }
+    let mut ctl = connect_retry(
+        opts.icn,
+        opts.control_bind,
+        opts.connect_timeout,
+        "EPN control connection to ICN",
+    )
+    .await?;
+    let advertise = match opts.advertise {
+        Some(a) => a,
+        None if !local.ip().is_unspecified() => local,
+        // Bound to all interfaces: announce the address we reach the ICN from.
+        None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
+    };
+    crate::conn::write_msg(
+        &mut ctl,
+        &Message::Register(Register {
+            role: Role::Epn,
+            node_id: opts.id,
+            data_addr: advertise.to_string(),
+        }),
+    )
+    .await?;
+    let (rd, wr) = ctl.into_split();
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let me = match read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await? {
+        Some(Message::RegisterAck { node_id, run_id }) => {
+            tracing::info!("EPN {node_id}: registered for run {run_id}; STFs to {advertise}");
+            node_id
+        }
+        Some(Message::Reject { reason }) => bail!("ICN {} refused this EPN: {reason}", opts.icn),
+        other => bail!("ICN {}: expected RegisterAck, got {other:?}", opts.icn),
+    };
+    let (ctl_tx, writer) = spawn_writer(wr, format!("ICN {}", opts.icn));
+
+    // Pre-run: wait for the run parameters.
+    let prep = loop {
+        match read_frame(&mut rd, MAX_CONTROL_BODY).await? {
+            Some(Message::Prepare(p)) => break p,
+            Some(other) => {
+                tracing::warn!("EPN {me}: ignoring {:?} before Prepare", other.msg_type())
+            }
+            None => bail!("ICN {} closed the connection before the run", opts.icn),
+        }
+    };
+    let size = size_from_wire(prep.size)?;
+    let budget = Arc::new(ByteBudget::new(opts.build_buffer));
+    metrics.set_buffer("epn_build", 0, opts.build_buffer);
+    let pool = Arc::new(BufPool::new(opts.build_buffer));
+    let (b_tx, b_rx) = mpsc::channel::<BuildEvent>(4096);
+    let ctx = Arc::new(DataCtx {
+        me,
+        run_id: prep.run_id,
+        flps: prep.flps,
+        max_stf: size.max(),
+        budget: budget.clone(),
+        pool: pool.clone(),
+        builder: b_tx.clone(),
+        metrics: metrics.clone(),
+        connected: Default::default(),
+    });
+    let acceptor = tokio::spawn(receiver::accept_loop(listener, ctx));
+    let builder = Builder::<Vec<u8>>::new(
+        me,
+        prep.flps,
+        prep.build_timeout_ms as u64 * 1000,
+        opts.max_building,
+    );
+    let build_task = tokio::spawn(build_loop(
+        builder,
+        b_rx,
+        ctl_tx.clone(),
+        budget,
+        pool,
+        metrics.clone(),
+    ));
+    ctl_tx
+        .send(Message::Ready {
+            role: Role::Epn,
+            node_id: me,
+            connected: 0,
+        })
+        .await?;
+
+    loop {
+        match read_frame(&mut rd, MAX_CONTROL_BODY).await {
+            Ok(Some(Message::Assign { tf_id, epn_id })) if epn_id == me => {
+                let _ = b_tx.send(BuildEvent::Assigned(tf_id)).await;
+            }
+            Ok(Some(Message::Assign { tf_id, epn_id })) => {
+                tracing::warn!("EPN {me}: ICN sent the assignment of TF {tf_id} to EPN {epn_id}");
+                metrics.error("foreign_assign");
+            }
+            Ok(Some(Message::RunStart { run_id })) => {
+                tracing::info!("EPN {me}: run {run_id} started");
+            }
+            Ok(Some(Message::RunStop { run_id })) => {
+                tracing::info!("EPN {me}: run {run_id} stopping");
+                let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+                let _ = b_tx.send(BuildEvent::Stop(done_tx)).await;
+                let _ = done_rx.await;
+                let _ = build_task.await;
+                acceptor.abort();
+                ctl_tx
+                    .send(Message::NodeStats(NodeStats {
+                        role: Role::Epn,
+                        node_id: me,
+                        counters: metrics.snapshot(),
+                    }))
+                    .await?;
+                drop(ctl_tx);
+                let _ = writer.await;
+                return Ok(());
+            }
+            Ok(Some(other)) => {
+                tracing::warn!("EPN {me}: unexpected {:?} from the ICN", other.msg_type());
+                metrics.error("unexpected_message");
+            }
+            Ok(None) => bail!(
+                "EPN {me}: ICN {} closed the control connection mid-run",
+                opts.icn
+            ),
+            Err(e) => {
+                metrics.error(e.kind());
+                bail!("EPN {me}: control connection to ICN {}: {e}", opts.icn)
+            }
+        }
+    }
+}
+
+async fn build_loop(
+    mut b: Builder<Vec<u8>>,
+    mut rx: mpsc::Receiver<BuildEvent>,
+    ctl: mpsc::Sender<Message>,
+    budget: Arc<ByteBudget>,
+    pool: Arc<BufPool>,
+    metrics: Arc<Metrics>,
+) {
+    let t0 = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut out: Vec<Out<Vec<u8>>> = Vec::new();
+    loop {
+        let mut stop = None;
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(BuildEvent::Stf { tf, flp, target, payload }) => {
+                    let n = payload.len() as u64;
+                    b.stf(tf, flp, target, n, payload, t0.elapsed().as_micros() as u64, &mut out);
+                }
+                Some(BuildEvent::Lost { tf, reason }) => {
+                    b.lost_stf(tf, reason, t0.elapsed().as_micros() as u64, &mut out)
+                }
+                Some(BuildEvent::Assigned(tf)) => b.assigned(tf, &mut out),
+                Some(BuildEvent::Stop(done)) => {
+                    b.stop(&mut out);
+                    stop = Some(done);
+                }
+                None => return,
+            },
+            _ = tick.tick() => {
+                b.tick(t0.elapsed().as_micros() as u64, &mut out);
+                publish(&b, &budget, &metrics);
+            }
+        }
+        for o in out.drain(..) {
+            match o {
+                Out::Report(r) => {
+                    metrics.tf(r.status.name(), r.reason.name());
+                    if ctl.send(Message::TfReport(r)).await.is_err() {
+                        tracing::warn!("EPN: control connection gone; report not sent");
+                    }
+                }
+                Out::Free(buf) => {
+                    budget.release(buf.len() as u64);
+                    pool.put(buf);
+                }
+            }
+        }
+        if let Some(done) = stop {
+            publish(&b, &budget, &metrics);
+            let _ = done.send(());
+            return;
+        }
+    }
+}
+
+fn publish(b: &Builder<Vec<u8>>, budget: &ByteBudget, metrics: &Metrics) {
+    metrics.set_level("tfs_building", b.building() as u64);
+    metrics.set_buffer("epn_build", budget.used(), budget.limit());
+    for (name, v) in b.counters.named() {
+        metrics.set_event_total(name, v);
+    }
+    metrics.set_event_total("build_buffer_peak_bytes", budget.peak());
+}

@@ -1,0 +1,278 @@
+//! EPN data connections: the DataHello handshake, then STF frames read straight into
+//! pooled buffers under the build-buffer limit. A bad FLP connection is closed alone.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fanin_proto::{Message, Reason, StfHeader, MAX_CONTROL_BODY, STF_HEADER_LEN};
+use fanin_sched::{EpnId, FlpId, TfId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::budget::ByteBudget;
+use crate::conn::{read_exact_or_eof, read_frame_within, read_header, ConnError};
+use crate::metrics::Metrics;
+
+/// What data connections and the control connection tell the builder task.
+pub enum BuildEvent {
+    Stf {
+        tf: TfId,
+        flp: FlpId,
+        target: EpnId,
+        payload: Vec<u8>,
+    },
+    Lost {
+        tf: TfId,
+        reason: Reason,
+    },
+    Assigned(TfId),
+    Stop(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Reusable payload buffers; idle ones are kept up to a byte limit.
+pub struct BufPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    max_idle: u64,
+}
+
+impl BufPool {
+    pub fn new(max_idle: u64) -> Self {
+        BufPool {
+            free: Mutex::new(Vec::new()),
+            max_idle,
+        }
+    }
+
+    pub fn take(&self, n: usize) -> Vec<u8> {
+        let mut v = self.free.lock().unwrap().pop().unwrap_or_default();
+        v.resize(n, 0);
+        v
+    }
+
+    pub fn put(&self, v: Vec<u8>) {
+        let mut free = self.free.lock().unwrap();
+        let idle: u64 = free.iter().map(|b| b.capacity() as u64).sum();
+        if idle + v.capacity() as u64 <= self.max_idle {
+            free.push(v);
+        }
+    }
+}
+
+/// Shared by all data connections of one EPN.
+pub struct DataCtx {
+    pub me: EpnId,
+    pub run_id: u64,
+    pub flps: u32,
+    pub max_stf: u64,
+    pub budget: Arc<ByteBudget>,
+    pub pool: Arc<BufPool>,
+    pub builder: mpsc::Sender<BuildEvent>,
+    pub metrics: Arc<Metrics>,
+    pub connected: Mutex<HashSet<FlpId>>,
+}
+
+pub async fn accept_loop(listener: TcpListener, ctx: Arc<DataCtx>) {
+    loop {
+        match listener.accept().await {
+            Ok((s, peer)) => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_flp(s, peer, &ctx).await {
+                        tracing::warn!("EPN {}: data peer {peer}: {e}; closing", ctx.me);
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!("EPN {}: accept failed: {e}", ctx.me);
+                ctx.metrics.error("accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum DataError {
+    #[error("{0}")]
+    Conn(#[from] ConnError),
+    #[error("{0}")]
+    Peer(String),
+}
+
+impl DataError {
+    fn kind(&self) -> &'static str {
+        match self {
+            DataError::Conn(c) => c.kind(),
+            DataError::Peer(_) => "bad_peer",
+        }
+    }
+}
+
+async fn serve_flp(stream: TcpStream, peer: SocketAddr, ctx: &DataCtx) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+    let hello = read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(10)).await;
+    let flp = match hello {
+        Ok(Some(Message::DataHello { run_id, flp_id })) => {
+            let refuse = if run_id != ctx.run_id {
+                Some(format!(
+                    "DataHello for run {run_id}, this EPN runs {}",
+                    ctx.run_id
+                ))
+            } else if flp_id >= ctx.flps {
+                Some(format!(
+                    "unknown FLP id {flp_id} (run has FLPs 0..{})",
+                    ctx.flps
+                ))
+            } else if !ctx.connected.lock().unwrap().insert(flp_id) {
+                Some(format!("FLP {flp_id} is already connected"))
+            } else {
+                None
+            };
+            if let Some(reason) = refuse {
+                ctx.metrics.error("rejected");
+                let _ = wr
+                    .write_all(
+                        &Message::Reject {
+                            reason: reason.clone(),
+                        }
+                        .encode(),
+                    )
+                    .await;
+                return Err(reason);
+            }
+            flp_id
+        }
+        Ok(None) => return Ok(()),
+        Ok(Some(other)) => {
+            ctx.metrics.error("unexpected_message");
+            return Err(format!("expected DataHello, got {:?}", other.msg_type()));
+        }
+        Err(e) => {
+            ctx.metrics.error(e.kind());
+            return Err(e.to_string());
+        }
+    };
+    wr.write_all(&Message::DataHelloAck { epn_id: ctx.me }.encode())
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::debug!("EPN {}: FLP {flp} connected from {peer}", ctx.me);
+    let res = read_stfs(&mut rd, flp, ctx).await;
+    ctx.connected.lock().unwrap().remove(&flp);
+    match res {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            ctx.metrics.error(e.kind());
+            Err(format!("FLP {flp}: {e}"))
+        }
+    }
+}
+
+async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    flp: FlpId,
+    ctx: &DataCtx,
+) -> Result<(), DataError> {
+    let max_body = (STF_HEADER_LEN as u64 + ctx.max_stf).min(u32::MAX as u64) as u32;
+    let mut scratch = vec![0u8; 64 * 1024];
+    loop {
+        let Some(h) = read_header(rd, max_body).await? else {
+            return Ok(());
+        };
+        if h.msg_type != fanin_proto::MsgType::Stf as u8 {
+            return Err(DataError::Peer(format!(
+                "message type {} on a data connection (only STF frames belong here)",
+                h.msg_type
+            )));
+        }
+        let mut hb = [0u8; STF_HEADER_LEN];
+        if (h.length as usize) < STF_HEADER_LEN || !read_exact_or_eof(rd, &mut hb).await? {
+            return Err(ConnError::Eof.into());
+        }
+        let sh = StfHeader::decode(&hb).map_err(ConnError::from)?;
+        let n = h.length as usize - STF_HEADER_LEN;
+        if sh.payload_len as usize != n {
+            return Err(ConnError::from(fanin_proto::DecodeError::PayloadLength {
+                declared: sh.payload_len,
+                actual: n,
+            })
+            .into());
+        }
+        if sh.flp_id != flp || sh.run_id != ctx.run_id {
+            return Err(DataError::Peer(format!(
+                "STF header says FLP {} run {}, connection is FLP {flp} run {}",
+                sh.flp_id, sh.run_id, ctx.run_id
+            )));
+        }
+        ctx.metrics.stf("received", "", 1);
+        ctx.metrics.bytes("received", n as u64);
+        if ctx.budget.try_reserve(n as u64) {
+            let mut buf = ctx.pool.take(n);
+            if !read_exact_or_eof(rd, &mut buf).await? && n > 0 {
+                ctx.budget.release(n as u64);
+                return Err(ConnError::Eof.into());
+            }
+            ctx.metrics
+                .set_buffer("epn_build", ctx.budget.used(), ctx.budget.limit());
+            if let Some(crc) = sh.crc {
+                if crc32c::crc32c(&buf) != crc {
+                    ctx.budget.release(n as u64);
+                    ctx.pool.put(buf);
+                    ctx.metrics.stf("crc_error", "", 1);
+                    tracing::warn!(
+                        "EPN {}: CRC mismatch in STF of TF {} from FLP {flp}",
+                        ctx.me,
+                        sh.tf_id
+                    );
+                    send(
+                        ctx,
+                        BuildEvent::Lost {
+                            tf: sh.tf_id,
+                            reason: Reason::CrcError,
+                        },
+                    )
+                    .await;
+                    continue;
+                }
+            }
+            send(
+                ctx,
+                BuildEvent::Stf {
+                    tf: sh.tf_id,
+                    flp,
+                    target: sh.epn_id,
+                    payload: buf,
+                },
+            )
+            .await;
+        } else {
+            // Build buffer full: the named policy is to drop the TF, reading the bytes away.
+            let mut left = n;
+            while left > 0 {
+                let k = left.min(scratch.len());
+                rd.read_exact(&mut scratch[..k])
+                    .await
+                    .map_err(ConnError::from)?;
+                left -= k;
+            }
+            ctx.metrics.stf("dropped", Reason::EpnBufferFull.name(), 1);
+            send(
+                ctx,
+                BuildEvent::Lost {
+                    tf: sh.tf_id,
+                    reason: Reason::EpnBufferFull,
+                },
+            )
+            .await;
+        }
+    }
+}
+
+async fn send(ctx: &DataCtx, ev: BuildEvent) {
+    // The builder only stops at run end; after that, STFs have nowhere to go.
+    let _ = ctx.builder.send(ev).await;
+}

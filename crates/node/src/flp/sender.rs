@@ -1,0 +1,126 @@
+//! FLP data connections: the DataHello handshake with an EPN, then one task per EPN
+//! writing queued STFs (frame prefix + payload) and returning their bytes to the budget.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use bytes::Buf;
+use fanin_proto::{Message, Reason, StfHeader, MAX_CONTROL_BODY};
+use fanin_sched::{EpnId, TfId};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::budget::ByteBudget;
+use crate::conn::{connect_retry, read_frame_within, write_msg};
+use crate::metrics::Metrics;
+
+pub struct StfJob {
+    pub tf: TfId,
+    pub epn: EpnId,
+    pub len: u64,
+}
+
+pub struct SendCtx {
+    pub me: u32,
+    pub run_id: u64,
+    pub crc: bool,
+    pub pattern: bytes::Bytes,
+    pub budget: Arc<ByteBudget>,
+    pub metrics: Arc<Metrics>,
+    pub ctl: mpsc::Sender<Message>,
+}
+
+impl SendCtx {
+    /// Counts a dropped STF and tells the ICN why.
+    pub async fn dropped(&self, tf: TfId, reason: Reason) {
+        self.metrics.stf("dropped", reason.name(), 1);
+        let _ = self
+            .ctl
+            .send(Message::StfDropped {
+                tf_id: tf,
+                flp_id: self.me,
+                reason,
+            })
+            .await;
+    }
+
+    fn payload(&self, tf: TfId, len: usize) -> &[u8] {
+        let slack = self.pattern.len() - len;
+        let off = (tf.wrapping_mul(0x9e37_79b9) as usize) % (slack + 1);
+        &self.pattern[off..off + len]
+    }
+}
+
+pub async fn connect_epn(
+    ctx: &SendCtx,
+    epn: EpnId,
+    addr: SocketAddr,
+    bind: Option<IpAddr>,
+) -> anyhow::Result<TcpStream> {
+    let what = format!("FLP {} data connection to EPN {epn}", ctx.me);
+    let mut s = connect_retry(addr, bind, Duration::from_secs(10), &what).await?;
+    write_msg(
+        &mut s,
+        &Message::DataHello {
+            run_id: ctx.run_id,
+            flp_id: ctx.me,
+        },
+    )
+    .await?;
+    match read_frame_within(&mut s, MAX_CONTROL_BODY, Duration::from_secs(10)).await? {
+        Some(Message::DataHelloAck { epn_id }) if epn_id == epn => Ok(s),
+        Some(Message::DataHelloAck { epn_id }) => {
+            bail!("{what} at {addr}: answered as EPN {epn_id}")
+        }
+        Some(Message::Reject { reason }) => bail!("{what} at {addr}: refused: {reason}"),
+        other => bail!("{what} at {addr}: expected DataHelloAck, got {other:?}"),
+    }
+}
+
+pub async fn send_loop(
+    ctx: Arc<SendCtx>,
+    epn: EpnId,
+    mut stream: TcpStream,
+    mut rx: mpsc::Receiver<StfJob>,
+) {
+    let mut failed: Option<String> = None;
+    while let Some(job) = rx.recv().await {
+        debug_assert_eq!(job.epn, epn);
+        if failed.is_some() {
+            ctx.budget.release(job.len);
+            ctx.dropped(job.tf, Reason::SendFailed).await;
+            continue;
+        }
+        let payload = ctx.payload(job.tf, job.len as usize);
+        let header = StfHeader {
+            run_id: ctx.run_id,
+            tf_id: job.tf,
+            flp_id: ctx.me,
+            epn_id: epn,
+            crc: ctx.crc.then(|| crc32c::crc32c(payload)),
+            payload_len: job.len as u32,
+        };
+        let prefix = header.encode_frame_prefix();
+        let mut buf = (&prefix[..]).chain(payload);
+        let res = stream.write_all_buf(&mut buf).await;
+        ctx.budget.release(job.len);
+        ctx.metrics
+            .set_buffer("flp_send", ctx.budget.used(), ctx.budget.limit());
+        match res {
+            Ok(()) => {
+                ctx.metrics.stf("sent", "", 1);
+                ctx.metrics.bytes("sent", job.len);
+            }
+            Err(e) => {
+                tracing::warn!("FLP {}: data connection to EPN {epn}: {e}", ctx.me);
+                ctx.metrics.error("send_failed");
+                failed = Some(e.to_string());
+                ctx.dropped(job.tf, Reason::SendFailed).await;
+            }
+        }
+    }
+    let _ = stream.shutdown().await;
+}

@@ -1,0 +1,311 @@
+//! The ICN's TF ledger: every issued TF is pending until it ends exactly once as
+//! completed, incomplete or dropped(reason). Holds the counts, the latency histogram.
+
+use std::collections::{BTreeMap, HashMap};
+
+use fanin_proto::{Reason, TfStatus};
+use fanin_sched::{EpnId, TfId};
+use hdrhistogram::Histogram;
+
+#[derive(Debug, Clone)]
+struct Pending {
+    epn: Option<EpnId>,
+    issued_us: u64,
+    /// An FLP could not send its STF; if the EPN then reports the TF incomplete,
+    /// this is why.
+    flp_drop: Option<Reason>,
+}
+
+/// One ended TF, for `tfs.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TfRow {
+    pub tf_id: TfId,
+    pub epn: Option<EpnId>,
+    pub issued_us: u64,
+    pub ended_us: u64,
+    pub status: TfStatus,
+    pub reason: Reason,
+}
+
+/// What a report did to the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Ended(TfRow),
+    /// Report for a TF not pending (already ended, or never issued).
+    NotPending,
+    /// Report from an EPN the TF was not assigned to.
+    WrongEpn {
+        assigned: Option<EpnId>,
+    },
+}
+
+pub struct Ledger {
+    pending: HashMap<TfId, Pending>,
+    pub issued: u64,
+    pub completed: u64,
+    pub completed_bytes: u64,
+    pub incomplete: BTreeMap<Reason, u64>,
+    pub dropped: BTreeMap<Reason, u64>,
+    pub unexpected_reports: u64,
+    latency_us: Histogram<u64>,
+    pub first_issue_us: Option<u64>,
+    pub last_issue_us: Option<u64>,
+    pub last_end_us: Option<u64>,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Ledger {
+    pub fn new() -> Self {
+        Ledger {
+            pending: HashMap::new(),
+            issued: 0,
+            completed: 0,
+            completed_bytes: 0,
+            incomplete: BTreeMap::new(),
+            dropped: BTreeMap::new(),
+            unexpected_reports: 0,
+            // 1 us .. 1 hour, 3 significant digits.
+            latency_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("static histogram bounds are valid"),
+            first_issue_us: None,
+            last_issue_us: None,
+            last_end_us: None,
+        }
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    pub fn incomplete_total(&self) -> u64 {
+        self.incomplete.values().sum()
+    }
+
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.values().sum()
+    }
+
+    /// issued = completed + incomplete + dropped + still pending.
+    pub fn invariant_holds(&self) -> bool {
+        self.issued
+            == self.completed
+                + self.incomplete_total()
+                + self.dropped_total()
+                + self.pending.len() as u64
+    }
+
+    /// Records a newly issued TF assigned to `epn`.
+    pub fn issue(&mut self, tf: TfId, epn: EpnId, now_us: u64) {
+        let prev = self.pending.insert(
+            tf,
+            Pending {
+                epn: Some(epn),
+                issued_us: now_us,
+                flp_drop: None,
+            },
+        );
+        assert!(prev.is_none(), "TF {tf} issued twice");
+        self.issued += 1;
+        self.first_issue_us.get_or_insert(now_us);
+        self.last_issue_us = Some(now_us);
+    }
+
+    /// Records a TF that is dropped at issue time (no EPN, admission limit).
+    pub fn issue_dropped(&mut self, tf: TfId, reason: Reason, now_us: u64) -> TfRow {
+        self.issued += 1;
+        self.first_issue_us.get_or_insert(now_us);
+        self.last_issue_us = Some(now_us);
+        self.pending.insert(
+            tf,
+            Pending {
+                epn: None,
+                issued_us: now_us,
+                flp_drop: None,
+            },
+        );
+        self.end(tf, TfStatus::Dropped, reason, 0, now_us)
+            .expect("just inserted")
+    }
+
+    /// An FLP reports it could not send its STF of `tf`.
+    pub fn note_flp_drop(&mut self, tf: TfId, reason: Reason) {
+        if let Some(p) = self.pending.get_mut(&tf) {
+            p.flp_drop.get_or_insert(reason);
+        }
+    }
+
+    /// The EPN's word on a TF. The ledger accepts it only from the assigned EPN.
+    pub fn report(
+        &mut self,
+        tf: TfId,
+        from: EpnId,
+        status: TfStatus,
+        reason: Reason,
+        bytes: u64,
+        now_us: u64,
+    ) -> Outcome {
+        let Some(p) = self.pending.get(&tf) else {
+            self.unexpected_reports += 1;
+            return Outcome::NotPending;
+        };
+        if p.epn != Some(from) {
+            self.unexpected_reports += 1;
+            return Outcome::WrongEpn { assigned: p.epn };
+        }
+        // An STF the FLP dropped explains an incomplete TF: count it as that drop.
+        let (status, reason) = match (status, p.flp_drop) {
+            (TfStatus::Incomplete, Some(r)) => (TfStatus::Dropped, r),
+            _ => (status, reason),
+        };
+        Outcome::Ended(
+            self.end(tf, status, reason, bytes, now_us)
+                .expect("pending checked above"),
+        )
+    }
+
+    /// Ends every pending TF assigned to `epn` (the EPN is gone).
+    pub fn epn_lost(&mut self, epn: EpnId, now_us: u64) -> Vec<TfRow> {
+        let mut ids: Vec<TfId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.epn == Some(epn))
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .filter_map(|id| self.end(id, TfStatus::Dropped, Reason::EpnLost, 0, now_us))
+            .collect()
+    }
+
+    /// Ends everything still pending (run end, after the drain).
+    pub fn close_all(&mut self, reason: Reason, now_us: u64) -> Vec<TfRow> {
+        let mut ids: Vec<TfId> = self.pending.keys().copied().collect();
+        ids.sort_unstable();
+        ids.into_iter()
+            .filter_map(|id| self.end(id, TfStatus::Dropped, reason, 0, now_us))
+            .collect()
+    }
+
+    fn end(
+        &mut self,
+        tf: TfId,
+        status: TfStatus,
+        reason: Reason,
+        bytes: u64,
+        now_us: u64,
+    ) -> Option<TfRow> {
+        let p = self.pending.remove(&tf)?;
+        match status {
+            TfStatus::Complete => {
+                self.completed += 1;
+                self.completed_bytes += bytes;
+                let lat = now_us.saturating_sub(p.issued_us).max(1);
+                self.latency_us.saturating_record(lat);
+            }
+            TfStatus::Incomplete => *self.incomplete.entry(reason).or_default() += 1,
+            TfStatus::Dropped => *self.dropped.entry(reason).or_default() += 1,
+        }
+        self.last_end_us = Some(now_us);
+        Some(TfRow {
+            tf_id: tf,
+            epn: p.epn,
+            issued_us: p.issued_us,
+            ended_us: now_us,
+            status,
+            reason: if status == TfStatus::Complete {
+                Reason::None
+            } else {
+                reason
+            },
+        })
+    }
+
+    /// Latency quantile in milliseconds over completed TFs (0 when none).
+    pub fn latency_ms(&self, q: f64) -> f64 {
+        if self.latency_us.is_empty() {
+            return 0.0;
+        }
+        self.latency_us.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    pub fn latency_max_ms(&self) -> f64 {
+        if self.latency_us.is_empty() {
+            return 0.0;
+        }
+        self.latency_us.max() as f64 / 1000.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tf_ends_exactly_once() {
+        let mut l = Ledger::new();
+        for tf in 0..5 {
+            l.issue(tf, (tf % 2) as u32, tf * 10);
+        }
+        assert!(l.invariant_holds());
+        assert!(matches!(
+            l.report(0, 0, TfStatus::Complete, Reason::None, 100, 50),
+            Outcome::Ended(_)
+        ));
+        // A second report of the same TF does not count again.
+        assert_eq!(
+            l.report(0, 0, TfStatus::Complete, Reason::None, 100, 60),
+            Outcome::NotPending
+        );
+        // A report from the wrong EPN is refused.
+        assert_eq!(
+            l.report(1, 0, TfStatus::Complete, Reason::None, 100, 60),
+            Outcome::WrongEpn { assigned: Some(1) }
+        );
+        l.report(2, 0, TfStatus::Incomplete, Reason::BuildTimeout, 0, 70);
+        let lost = l.epn_lost(1, 80);
+        assert_eq!(lost.iter().map(|r| r.tf_id).collect::<Vec<_>>(), vec![1, 3]);
+        l.issue_dropped(5, Reason::NoEpn, 90);
+        let rest = l.close_all(Reason::Unacknowledged, 100);
+        assert_eq!(rest.len(), 1);
+        assert_eq!(l.pending(), 0);
+        assert_eq!(l.issued, 6);
+        assert_eq!(l.completed, 1);
+        assert_eq!(l.incomplete_total(), 1);
+        assert_eq!(l.dropped[&Reason::EpnLost], 2);
+        assert_eq!(l.dropped[&Reason::NoEpn], 1);
+        assert_eq!(l.dropped[&Reason::Unacknowledged], 1);
+        assert_eq!(l.unexpected_reports, 2);
+        assert!(l.invariant_holds());
+    }
+
+    #[test]
+    fn flp_drop_turns_an_incomplete_into_a_named_drop() {
+        let mut l = Ledger::new();
+        l.issue(7, 3, 0);
+        l.note_flp_drop(7, Reason::FlpBufferFull);
+        match l.report(7, 3, TfStatus::Incomplete, Reason::BuildTimeout, 0, 5) {
+            Outcome::Ended(row) => {
+                assert_eq!(row.status, TfStatus::Dropped);
+                assert_eq!(row.reason, Reason::FlpBufferFull);
+            }
+            o => panic!("{o:?}"),
+        }
+    }
+
+    #[test]
+    fn latency_is_issue_to_ack() {
+        let mut l = Ledger::new();
+        l.issue(1, 0, 1_000);
+        l.issue(2, 0, 2_000);
+        l.report(1, 0, TfStatus::Complete, Reason::None, 1, 4_000);
+        l.report(2, 0, TfStatus::Complete, Reason::None, 1, 12_000);
+        assert!((l.latency_ms(0.5) - 3.0).abs() < 0.01);
+        assert!((l.latency_max_ms() - 10.0).abs() < 0.02);
+        assert_eq!(l.completed_bytes, 2);
+    }
+}

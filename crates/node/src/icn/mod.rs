@@ -1,0 +1,714 @@
+//! The ICN: registers FLPs and EPNs, runs the pre-run handshake, issues TF ids at the
+//! configured rate, assigns each to an EPN through a `fanin_sched` policy, and accounts for every TF.
+
+pub mod ledger;
+mod peer;
+pub mod summary;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use fanin_proto::{EpnEntry, Message, Prepare, Reason, Role, TfStatus};
+use fanin_sched::{EpnId, FlpId, Policy};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::{size_to_wire, Checked};
+use crate::metrics::{self, Metrics};
+use ledger::{Ledger, Outcome, TfRow};
+use summary::{Summary, TfCsv};
+
+pub use peer::{ConnId, Event};
+
+pub struct IcnOptions {
+    pub run: Checked,
+    pub control_bind: SocketAddr,
+    pub metrics_bind: Option<SocketAddr>,
+    pub results_dir: Option<PathBuf>,
+    /// Print `PROGRESS issued ended total` lines on stdout (read by `fanin run`).
+    pub progress: bool,
+    pub run_id: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Registering,
+    Preparing,
+    Running,
+    Draining,
+    Stopping,
+    Done,
+}
+
+struct Peer {
+    role: Role,
+    id: u32,
+    addr: SocketAddr,
+    data_addr: String,
+    tx: mpsc::Sender<Message>,
+    ready: bool,
+    stats: bool,
+}
+
+impl Peer {
+    fn name(&self) -> String {
+        format!("{} {} ({})", self.role.name(), self.id, self.addr)
+    }
+}
+
+struct Icn {
+    opts: IcnOptions,
+    metrics: Arc<Metrics>,
+    started: Instant,
+    run_t0: Option<Instant>,
+    phase: Phase,
+    phase_deadline: Option<Instant>,
+    peers: HashMap<ConnId, Peer>,
+    epns: BTreeMap<EpnId, ConnId>,
+    flps: BTreeMap<FlpId, ConnId>,
+    policy: Box<dyn Policy>,
+    ledger: Ledger,
+    next_tf: u64,
+    tfs_csv: Option<TfCsv>,
+    prerun_s: f64,
+    registered_s: f64,
+    node_stats: BTreeMap<String, BTreeMap<String, u64>>,
+    events: Vec<String>,
+    fatal: Option<String>,
+}
+
+/// Binds the control port, prints `listening control=ADDR metrics=ADDR`, runs one
+/// run to its end and returns its summary (also written to the results directory).
+pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
+    let listener = TcpListener::bind(opts.control_bind)
+        .await
+        .with_context(|| format!("ICN control bind {}", opts.control_bind))?;
+    let control = listener.local_addr()?;
+    let metrics = Metrics::new("icn", None);
+    let metrics_addr = match opts.metrics_bind {
+        Some(b) => Some(metrics::serve(b, metrics.clone()).await?),
+        None => None,
+    };
+    if let Some(dir) = &opts.results_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("results directory {}", dir.display()))?;
+        std::fs::write(dir.join("config.toml"), toml::to_string(&opts.run.cfg)?)?;
+    }
+    println!(
+        "listening control={control} metrics={}",
+        metrics_addr
+            .map(|a| a.to_string())
+            .unwrap_or_else(|| "-".into())
+    );
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    tracing::info!(
+        "ICN on {control}: waiting for {} FLPs and {} EPNs (policy {})",
+        opts.run.cfg.flps,
+        opts.run.cfg.epns,
+        opts.run.cfg.policy
+    );
+
+    let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(1 << 16);
+    let acceptor = tokio::spawn(peer::accept_loop(listener, ev_tx, metrics.clone()));
+
+    let prerun_timeout = Duration::from_secs_f64(opts.run.cfg.prerun_timeout_s);
+    let mut icn = Icn {
+        policy: opts.run.cfg.policy.build(),
+        tfs_csv: match &opts.results_dir {
+            Some(d) => Some(TfCsv::create(d)?),
+            None => None,
+        },
+        opts,
+        metrics,
+        started: Instant::now(),
+        run_t0: None,
+        phase: Phase::Registering,
+        phase_deadline: Some(Instant::now() + prerun_timeout),
+        peers: HashMap::new(),
+        epns: BTreeMap::new(),
+        flps: BTreeMap::new(),
+        ledger: Ledger::new(),
+        next_tf: 0,
+        prerun_s: 0.0,
+        registered_s: 0.0,
+        node_stats: BTreeMap::new(),
+        events: Vec::new(),
+        fatal: None,
+    };
+    let mut progress = tokio::time::interval(Duration::from_millis(250));
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+
+    while icn.phase != Phase::Done {
+        let wake = icn.next_wake();
+        tokio::select! {
+            ev = ev_rx.recv() => match ev {
+                Some(ev) => icn.on_event(ev),
+                None => break,
+            },
+            _ = tokio::time::sleep_until(wake) => icn.on_timer(),
+            _ = progress.tick() => icn.print_progress(),
+        }
+        icn.pump();
+    }
+    acceptor.abort();
+    icn.print_progress();
+    if let Some(msg) = icn.fatal.take() {
+        anyhow::bail!(msg);
+    }
+    icn.finish()
+}
+
+impl Icn {
+    fn now_us(&self) -> u64 {
+        self.run_t0
+            .map(|t| t.elapsed().as_micros() as u64)
+            .unwrap_or(0)
+    }
+
+    fn next_wake(&self) -> Instant {
+        let far = Instant::now() + Duration::from_secs(3600);
+        match self.phase {
+            Phase::Running => {
+                if self.opts.run.paced() {
+                    self.deadline_of(self.next_tf)
+                } else {
+                    self.phase_deadline.unwrap_or(far)
+                }
+            }
+            _ => self.phase_deadline.unwrap_or(far),
+        }
+    }
+
+    /// Absolute issue time of TF `n`: t0 + n / rate. No drift, however late a wake-up.
+    fn deadline_of(&self, n: u64) -> Instant {
+        let t0 = self.run_t0.expect("running");
+        t0 + Duration::from_secs_f64(n as f64 / self.opts.run.cfg.rate_hz)
+    }
+
+    fn print_progress(&self) {
+        if self.opts.progress {
+            let ended = self.ledger.issued - self.ledger.pending() as u64;
+            println!(
+                "PROGRESS {} {} {}",
+                self.ledger.issued,
+                ended,
+                self.opts.run.total_tfs.unwrap_or(0)
+            );
+        }
+    }
+
+    fn send(&mut self, conn: ConnId, m: Message) {
+        let Some(p) = self.peers.get(&conn) else {
+            return;
+        };
+        if let Err(e) = p.tx.try_send(m) {
+            let why = match e {
+                mpsc::error::TrySendError::Full(_) => "control queue full (peer not reading)",
+                mpsc::error::TrySendError::Closed(_) => "connection closed",
+            };
+            let name = p.name();
+            tracing::warn!("ICN: {name}: {why}; dropping the peer");
+            self.metrics.error("peer_stuck");
+            self.peer_gone(conn, why);
+        }
+    }
+
+    fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Registered {
+                conn,
+                peer,
+                reg,
+                tx,
+            } => self.on_register(conn, peer, reg, tx),
+            Event::Msg { conn, msg } => self.on_msg(conn, msg),
+            Event::Closed { conn, err } => {
+                if self.peers.contains_key(&conn) {
+                    let why = err.unwrap_or_else(|| "connection closed".into());
+                    self.peer_gone(conn, &why);
+                }
+            }
+        }
+    }
+
+    fn reject(&mut self, peer: SocketAddr, tx: &mpsc::Sender<Message>, reason: String) {
+        tracing::warn!("ICN: rejected {peer}: {reason}");
+        self.metrics.error("rejected");
+        let _ = tx.try_send(Message::Reject { reason });
+    }
+
+    fn on_register(
+        &mut self,
+        conn: ConnId,
+        peer: SocketAddr,
+        reg: fanin_proto::Register,
+        tx: mpsc::Sender<Message>,
+    ) {
+        if let (Role::Flp, Some(id)) = (reg.role, reg.node_id) {
+            if id >= self.opts.run.cfg.flps {
+                let msg = format!(
+                    "unknown FLP id {id} (this run has FLPs 0..{})",
+                    self.opts.run.cfg.flps
+                );
+                return self.reject(peer, &tx, msg);
+            }
+        }
+        if self.phase != Phase::Registering {
+            return self.reject(
+                peer,
+                &tx,
+                format!(
+                    "{} registration refused: run {} already started",
+                    reg.role.name(),
+                    self.opts.run_id
+                ),
+            );
+        }
+        let cfg = &self.opts.run.cfg;
+        let (table, want) = match reg.role {
+            Role::Epn => (&self.epns, cfg.epns),
+            Role::Flp => (&self.flps, cfg.flps),
+        };
+        if table.len() as u32 >= want {
+            return self.reject(
+                peer,
+                &tx,
+                format!(
+                    "run expects {want} {}s and all have registered",
+                    reg.role.name()
+                ),
+            );
+        }
+        let id = match reg.node_id {
+            Some(id) => id,
+            None => match reg.role {
+                // FLP ids are 0..flps: take the lowest free one.
+                Role::Flp => (0..cfg.flps).find(|i| !table.contains_key(i)).unwrap_or(0),
+                Role::Epn => (0..).find(|i| !table.contains_key(i)).unwrap_or(0),
+            },
+        };
+        if let Some(other) = table.get(&id).and_then(|c| self.peers.get(c)) {
+            let msg = format!(
+                "{} id {id} is already registered from {}",
+                reg.role.name(),
+                other.addr
+            );
+            return self.reject(peer, &tx, msg);
+        }
+        if reg.role == Role::Epn && reg.data_addr.parse::<SocketAddr>().is_err() {
+            return self.reject(
+                peer,
+                &tx,
+                format!(
+                    "EPN {id}: data address {:?} is not HOST:PORT",
+                    reg.data_addr
+                ),
+            );
+        }
+        let _ = tx.try_send(Message::RegisterAck {
+            node_id: id,
+            run_id: self.opts.run_id,
+        });
+        let p = Peer {
+            role: reg.role,
+            id,
+            addr: peer,
+            data_addr: reg.data_addr,
+            tx,
+            ready: false,
+            stats: false,
+        };
+        tracing::info!("ICN: registered {}", p.name());
+        match p.role {
+            Role::Epn => self.epns.insert(id, conn),
+            Role::Flp => self.flps.insert(id, conn),
+        };
+        self.peers.insert(conn, p);
+        self.metrics.set_level("epns", self.epns.len() as u64);
+        self.metrics.set_level("flps", self.flps.len() as u64);
+        if self.epns.len() as u32 == self.opts.run.cfg.epns
+            && self.flps.len() as u32 == self.opts.run.cfg.flps
+        {
+            self.prepare();
+        }
+    }
+
+    /// All nodes registered: tell EPNs the run parameters, FLPs the EPN list.
+    fn prepare(&mut self) {
+        self.registered_s = self.started.elapsed().as_secs_f64();
+        self.phase = Phase::Preparing;
+        let run = &self.opts.run;
+        let prep = Prepare {
+            run_id: self.opts.run_id,
+            flps: run.cfg.flps,
+            build_timeout_ms: run.cfg.build_timeout_ms.min(u32::MAX as u64) as u32,
+            crc: run.cfg.crc,
+            size: size_to_wire(run.stf_size),
+            seed: run.cfg.seed,
+        };
+        let list: Vec<EpnEntry> = self
+            .epns
+            .iter()
+            .map(|(&epn_id, c)| EpnEntry {
+                epn_id,
+                addr: self.peers[c].data_addr.clone(),
+            })
+            .collect();
+        for c in self.epns.values().copied().collect::<Vec<_>>() {
+            self.send(c, Message::Prepare(prep.clone()));
+        }
+        for &c in self.flps.clone().values() {
+            self.send(c, Message::Prepare(prep.clone()));
+            self.send(c, Message::EpnList(list.clone()));
+        }
+    }
+
+    fn on_msg(&mut self, conn: ConnId, msg: Message) {
+        let Some(p) = self.peers.get_mut(&conn) else {
+            return;
+        };
+        let (role, id) = (p.role, p.id);
+        match msg {
+            Message::Ready { connected, .. } if self.phase == Phase::Preparing => {
+                if role == Role::Flp && connected != self.opts.run.cfg.epns {
+                    self.fatal = Some(format!(
+                        "FLP {id} connected to {connected} of {} EPNs",
+                        self.opts.run.cfg.epns
+                    ));
+                    self.phase = Phase::Done;
+                    return;
+                }
+                p.ready = true;
+                if self.peers.values().all(|p| p.ready) {
+                    self.start_run();
+                }
+            }
+            Message::TfReport(r) if role == Role::Epn => {
+                let now = self.now_us();
+                match self
+                    .ledger
+                    .report(r.tf_id, id, r.status, r.reason, r.bytes, now)
+                {
+                    Outcome::Ended(row) => self.ended(&row),
+                    Outcome::NotPending => self.metrics.error("stale_report"),
+                    Outcome::WrongEpn { assigned } => {
+                        tracing::warn!(
+                            "ICN: EPN {id} reported TF {} assigned to {assigned:?}",
+                            r.tf_id
+                        );
+                        self.metrics.error("wrong_epn_report");
+                    }
+                }
+            }
+            Message::StfDropped { tf_id, reason, .. } if role == Role::Flp => {
+                self.ledger.note_flp_drop(tf_id, reason);
+            }
+            Message::NodeStats(s) => {
+                p.stats = true;
+                let name = format!("{} {}", role.name(), id);
+                self.node_stats
+                    .insert(name, s.counters.into_iter().collect());
+                if self.phase == Phase::Stopping && self.peers.values().all(|p| p.stats) {
+                    self.phase = Phase::Done;
+                }
+            }
+            other => {
+                tracing::warn!(
+                    "ICN: {} {id}: unexpected {:?} in phase {:?}",
+                    role.name(),
+                    other.msg_type(),
+                    self.phase
+                );
+                self.metrics.error("unexpected_message");
+            }
+        }
+    }
+
+    fn start_run(&mut self) {
+        let now = Instant::now();
+        self.prerun_s = self.started.elapsed().as_secs_f64();
+        tracing::info!(
+            "ICN: pre-run took {:.3} s (registration {:.3} s, connections {:.3} s); run {} starts",
+            self.prerun_s,
+            self.registered_s,
+            self.prerun_s - self.registered_s,
+            self.opts.run_id
+        );
+        self.run_t0 = Some(now);
+        self.phase = Phase::Running;
+        self.phase_deadline = if self.opts.run.paced() {
+            None
+        } else {
+            self.opts.run.configured_duration.map(|d| now + d)
+        };
+        for &epn in self.epns.keys() {
+            self.policy.add_epn(epn);
+        }
+        let conns: Vec<ConnId> = self.peers.keys().copied().collect();
+        for c in conns {
+            self.send(
+                c,
+                Message::RunStart {
+                    run_id: self.opts.run_id,
+                },
+            );
+        }
+    }
+
+    fn on_timer(&mut self) {
+        match self.phase {
+            Phase::Registering | Phase::Preparing => {
+                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
+                    let missing_flps: Vec<u32> = (0..self.opts.run.cfg.flps)
+                        .filter(|i| !self.flps.contains_key(i))
+                        .collect();
+                    self.fatal = Some(format!(
+                        "pre-run timed out after {} s in phase {:?}: {} of {} EPNs and {} of {} FLPs registered (missing FLP ids {:?}), {} nodes not ready",
+                        self.opts.run.cfg.prerun_timeout_s,
+                        self.phase,
+                        self.epns.len(),
+                        self.opts.run.cfg.epns,
+                        self.flps.len(),
+                        self.opts.run.cfg.flps,
+                        missing_flps,
+                        self.peers.values().filter(|p| !p.ready).count()
+                    ));
+                    self.phase = Phase::Done;
+                }
+            }
+            Phase::Running if !self.opts.run.paced() => {
+                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
+                    self.begin_drain();
+                }
+            }
+            Phase::Draining => {
+                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
+                    tracing::warn!(
+                        "ICN: drain time-out with {} TFs outstanding",
+                        self.ledger.pending()
+                    );
+                    self.begin_stop();
+                }
+            }
+            Phase::Stopping => {
+                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
+                    let missing: Vec<String> = self
+                        .peers
+                        .values()
+                        .filter(|p| !p.stats)
+                        .map(|p| p.name())
+                        .collect();
+                    tracing::warn!("ICN: no run-end counters from {missing:?}");
+                    self.events
+                        .push(format!("no run-end counters from {}", missing.join(", ")));
+                    self.phase = Phase::Done;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Issues every TF that is due, and moves the run along its phases.
+    fn pump(&mut self) {
+        if self.phase == Phase::Running {
+            let total = self.opts.run.total_tfs;
+            let now = Instant::now();
+            let mut budget = 10_000; // stay responsive to reports between batches
+            while budget > 0 && total.is_none_or(|t| self.next_tf < t) {
+                if self.opts.run.paced() {
+                    if self.deadline_of(self.next_tf) > now {
+                        break;
+                    }
+                } else if self.ledger.pending() as u64 >= self.opts.run.cfg.max_inflight {
+                    break; // unthrottled: wait for acknowledgements
+                }
+                self.issue_next();
+                budget -= 1;
+                if self.phase != Phase::Running {
+                    return;
+                }
+            }
+            if total.is_some_and(|t| self.next_tf >= t) {
+                self.begin_drain();
+            }
+        }
+        if self.phase == Phase::Draining && self.ledger.pending() == 0 {
+            self.begin_stop();
+        }
+    }
+
+    fn issue_next(&mut self) {
+        let tf = self.next_tf;
+        self.next_tf += 1;
+        let now = self.now_us();
+        if self.opts.run.paced() && self.ledger.pending() as u64 >= self.opts.run.cfg.max_inflight {
+            let row = self.ledger.issue_dropped(tf, Reason::IcnInflightLimit, now);
+            return self.ended(&row);
+        }
+        let Some(epn) = self.policy.assign(tf) else {
+            let row = self.ledger.issue_dropped(tf, Reason::NoEpn, now);
+            return self.ended(&row);
+        };
+        self.ledger.issue(tf, epn, now);
+        self.metrics
+            .set_level("tfs_in_flight", self.ledger.pending() as u64);
+        let assign = Message::Assign {
+            tf_id: tf,
+            epn_id: epn,
+        };
+        // The EPN learns first, so it expects the TF before its STFs arrive.
+        let epn_conn = self.epns[&epn];
+        self.send(epn_conn, assign.clone());
+        for c in self.flps.values().copied().collect::<Vec<_>>() {
+            self.send(c, assign.clone());
+        }
+    }
+
+    fn ended(&mut self, row: &TfRow) {
+        self.metrics.tf(row.status.name(), row.reason.name());
+        if row.status == TfStatus::Complete {
+            self.metrics
+                .observe_latency(row.ended_us.saturating_sub(row.issued_us) as f64 / 1e6);
+        }
+        if let Some(csv) = &mut self.tfs_csv {
+            if let Err(e) = csv.row(row) {
+                tracing::error!("ICN: writing tfs.csv: {e}");
+            }
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        self.phase = Phase::Draining;
+        self.phase_deadline = Some(Instant::now() + self.opts.run.drain_timeout());
+        tracing::info!(
+            "ICN: issued {} TFs; draining {} in flight",
+            self.ledger.issued,
+            self.ledger.pending()
+        );
+    }
+
+    fn begin_stop(&mut self) {
+        self.phase = Phase::Stopping;
+        self.phase_deadline = Some(Instant::now() + Duration::from_secs(10));
+        let conns: Vec<ConnId> = self.peers.keys().copied().collect();
+        for c in conns {
+            self.send(
+                c,
+                Message::RunStop {
+                    run_id: self.opts.run_id,
+                },
+            );
+        }
+        if self.peers.is_empty() {
+            self.phase = Phase::Done;
+        }
+    }
+
+    /// A peer's connection ended (or it was dropped for not reading).
+    fn peer_gone(&mut self, conn: ConnId, why: &str) {
+        let Some(p) = self.peers.remove(&conn) else {
+            return;
+        };
+        let name = p.name();
+        match p.role {
+            Role::Epn => self.epns.remove(&p.id),
+            Role::Flp => self.flps.remove(&p.id),
+        };
+        self.metrics.set_level("epns", self.epns.len() as u64);
+        self.metrics.set_level("flps", self.flps.len() as u64);
+        match self.phase {
+            Phase::Registering => tracing::info!("ICN: {name} left before the run: {why}"),
+            Phase::Preparing => {
+                self.fatal = Some(format!("{name} left during the pre-run: {why}"));
+                self.phase = Phase::Done;
+            }
+            Phase::Running | Phase::Draining => {
+                let t = self.now_us() as f64 / 1e6;
+                let msg = if p.role == Role::Epn {
+                    self.policy.remove_epn(p.id);
+                    let rows = self.ledger.epn_lost(p.id, self.now_us());
+                    for r in &rows {
+                        self.ended(r);
+                    }
+                    format!(
+                        "t={t:.3}s {name} lost ({why}); {} TFs in flight to it dropped (epn_lost)",
+                        rows.len()
+                    )
+                } else {
+                    format!("t={t:.3}s {name} lost ({why}); its STFs of later TFs will be missing")
+                };
+                tracing::warn!("ICN: {msg}");
+                self.events.push(msg);
+            }
+            Phase::Stopping => {
+                if !p.stats {
+                    tracing::warn!("ICN: {name} left before sending its counters: {why}");
+                }
+                if self.peers.values().all(|p| p.stats) {
+                    self.phase = Phase::Done;
+                }
+            }
+            Phase::Done => {}
+        }
+    }
+
+    fn finish(mut self) -> anyhow::Result<Summary> {
+        let now = self.now_us();
+        let rows = self.ledger.close_all(Reason::Unacknowledged, now);
+        for r in &rows {
+            self.ended(r);
+        }
+        if !rows.is_empty() {
+            self.events.push(format!(
+                "{} TFs never acknowledged (unacknowledged)",
+                rows.len()
+            ));
+        }
+        let summary = Summary::build(
+            self.opts.run_id,
+            &self.opts.run,
+            &self.ledger,
+            self.prerun_s,
+            std::mem::take(&mut self.node_stats),
+            std::mem::take(&mut self.events),
+        );
+        if let Some(csv) = self.tfs_csv.take() {
+            csv.finish()?;
+        }
+        if let Some(dir) = &self.opts.results_dir {
+            summary.write(dir)?;
+        }
+        let by_reason = |m: &BTreeMap<String, u64>| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        tracing::info!(
+            "ICN: issued={} completed={} incomplete={} [{}] dropped={} [{}] invariant_ok={}",
+            summary.issued,
+            summary.completed,
+            summary.incomplete,
+            by_reason(&summary.incomplete_by_reason),
+            summary.dropped,
+            by_reason(&summary.dropped_by_reason),
+            summary.invariant_ok
+        );
+        if !summary.invariant_ok {
+            tracing::error!(
+                "ICN: accounting invariant violated: issued {} != completed {} + incomplete {} + dropped {}",
+                summary.issued,
+                summary.completed,
+                summary.incomplete,
+                summary.dropped
+            );
+        }
+        Ok(summary)
+    }
+}

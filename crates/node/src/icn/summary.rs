@@ -1,0 +1,241 @@
+//! The result of one run: `summary.json`, `summary.csv` and the per-TF `tfs.csv`.
+//! Built from the ICN's ledger and the counters every node sends at run end.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::ledger::{Ledger, TfRow};
+use crate::config::Checked;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub run_id: u64,
+    pub flps: u32,
+    pub epns: u32,
+    pub rate_hz: f64,
+    pub stf_size: String,
+    pub policy: String,
+    pub issued: u64,
+    pub completed: u64,
+    pub incomplete: u64,
+    pub dropped: u64,
+    /// issued - completed.
+    pub lost: u64,
+    pub loss_pct: f64,
+    pub incomplete_by_reason: BTreeMap<String, u64>,
+    pub dropped_by_reason: BTreeMap<String, u64>,
+    /// TFs an EPN saw STFs of without being their builder, or with an inconsistent FLP set.
+    pub split: u64,
+    pub duplicate_stfs: u64,
+    pub crc_errors: u64,
+    pub completed_bytes: u64,
+    pub goodput_gbps: f64,
+    /// Achieved run duration: first issue to last issue plus one period.
+    pub duration_s: f64,
+    pub configured_duration_s: Option<f64>,
+    /// First issue to last TF ended.
+    pub active_s: f64,
+    pub rate_hz_achieved: f64,
+    pub latency_ms: Latency,
+    /// Time from ICN start until the run started (all registered and connected).
+    pub prerun_s: f64,
+    pub invariant_ok: bool,
+    pub valid: bool,
+    pub invalid_reason: Option<String>,
+    /// Counters each FLP and EPN reported at run end ("EPN 3" -> name -> value).
+    pub nodes: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Node failures and other notable events during the run.
+    pub events: Vec<String>,
+}
+
+fn sum_counter(nodes: &BTreeMap<String, BTreeMap<String, u64>>, key: &str) -> u64 {
+    nodes.values().filter_map(|c| c.get(key)).sum()
+}
+
+impl Summary {
+    pub fn build(
+        run_id: u64,
+        cfg: &Checked,
+        ledger: &Ledger,
+        prerun_s: f64,
+        nodes: BTreeMap<String, BTreeMap<String, u64>>,
+        events: Vec<String>,
+    ) -> Summary {
+        let first = ledger.first_issue_us.unwrap_or(0);
+        let last_issue = ledger.last_issue_us.unwrap_or(first);
+        let period = if cfg.paced() {
+            1.0 / cfg.cfg.rate_hz
+        } else {
+            0.0
+        };
+        let duration_s = if ledger.issued == 0 {
+            0.0
+        } else {
+            (last_issue - first) as f64 / 1e6 + period
+        };
+        let active_s = ledger
+            .last_end_us
+            .map(|e| e.saturating_sub(first) as f64 / 1e6)
+            .unwrap_or(0.0);
+        let incomplete = ledger.incomplete_total();
+        let dropped = ledger.dropped_total();
+        let lost = ledger.issued - ledger.completed;
+        let invariant_ok = ledger.pending() == 0
+            && ledger.invariant_holds()
+            && ledger.issued == ledger.completed + incomplete + dropped;
+        let configured = cfg.configured_duration.map(|d| d.as_secs_f64());
+        let mut invalid_reason = None;
+        if !invariant_ok {
+            invalid_reason = Some("accounting invariant violated".to_string());
+        } else if let (true, Some(c)) = (cfg.paced(), configured) {
+            if (duration_s - c).abs() > 0.01 * c {
+                invalid_reason = Some(format!(
+                    "achieved duration {duration_s:.3} s is outside +-1 % of {c:.3} s"
+                ));
+            }
+        }
+        let names = |m: &BTreeMap<fanin_proto::Reason, u64>| {
+            m.iter()
+                .map(|(r, n)| (r.name().to_string(), *n))
+                .collect::<BTreeMap<_, _>>()
+        };
+        Summary {
+            run_id,
+            flps: cfg.cfg.flps,
+            epns: cfg.cfg.epns,
+            rate_hz: cfg.cfg.rate_hz,
+            stf_size: cfg.stf_size.to_string(),
+            policy: cfg.cfg.policy.to_string(),
+            issued: ledger.issued,
+            completed: ledger.completed,
+            incomplete,
+            dropped,
+            lost,
+            loss_pct: if ledger.issued == 0 {
+                0.0
+            } else {
+                100.0 * lost as f64 / ledger.issued as f64
+            },
+            incomplete_by_reason: names(&ledger.incomplete),
+            dropped_by_reason: names(&ledger.dropped),
+            split: sum_counter(&nodes, "events.split_tfs"),
+            duplicate_stfs: sum_counter(&nodes, "events.duplicate_stfs"),
+            crc_errors: sum_counter(&nodes, "events.crc_errors"),
+            completed_bytes: ledger.completed_bytes,
+            goodput_gbps: if active_s > 0.0 {
+                ledger.completed_bytes as f64 * 8.0 / active_s / 1e9
+            } else {
+                0.0
+            },
+            duration_s,
+            configured_duration_s: configured,
+            active_s,
+            rate_hz_achieved: if duration_s > 0.0 {
+                ledger.issued as f64 / duration_s
+            } else {
+                0.0
+            },
+            latency_ms: Latency {
+                p50: ledger.latency_ms(0.5),
+                p99: ledger.latency_ms(0.99),
+                max: ledger.latency_max_ms(),
+            },
+            prerun_s,
+            invariant_ok,
+            valid: invalid_reason.is_none(),
+            invalid_reason,
+            nodes,
+            events,
+        }
+    }
+
+    pub const CSV_HEADER: &'static str = "run_id,flps,epns,rate_hz,stf_size,policy,issued,completed,incomplete,dropped,lost,loss_pct,split,duplicate_stfs,crc_errors,goodput_gbps,duration_s,rate_hz_achieved,latency_p50_ms,latency_p99_ms,latency_max_ms,prerun_s,invariant_ok,valid";
+
+    pub fn csv_row(&self) -> String {
+        format!(
+            "{},{},{},{},\"{}\",{},{},{},{},{},{},{:.4},{},{},{},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3},{:.3},{},{}",
+            self.run_id,
+            self.flps,
+            self.epns,
+            self.rate_hz,
+            self.stf_size,
+            self.policy,
+            self.issued,
+            self.completed,
+            self.incomplete,
+            self.dropped,
+            self.lost,
+            self.loss_pct,
+            self.split,
+            self.duplicate_stfs,
+            self.crc_errors,
+            self.goodput_gbps,
+            self.duration_s,
+            self.rate_hz_achieved,
+            self.latency_ms.p50,
+            self.latency_ms.p99,
+            self.latency_ms.max,
+            self.prerun_s,
+            self.invariant_ok,
+            self.valid
+        )
+    }
+
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::write(
+            dir.join("summary.json"),
+            serde_json::to_string_pretty(self)? + "\n",
+        )?;
+        std::fs::write(
+            dir.join("summary.csv"),
+            format!("{}\n{}\n", Self::CSV_HEADER, self.csv_row()),
+        )?;
+        Ok(())
+    }
+}
+
+/// Streams one row per ended TF to `tfs.csv` (memory stays flat however long the run).
+pub struct TfCsv {
+    out: std::io::BufWriter<std::fs::File>,
+}
+
+impl TfCsv {
+    pub fn create(dir: &Path) -> anyhow::Result<TfCsv> {
+        let f = std::fs::File::create(dir.join("tfs.csv"))?;
+        let mut out = std::io::BufWriter::new(f);
+        writeln!(
+            out,
+            "tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason"
+        )?;
+        Ok(TfCsv { out })
+    }
+
+    pub fn row(&mut self, r: &TfRow) -> std::io::Result<()> {
+        let epn = r.epn.map(|e| e.to_string()).unwrap_or_default();
+        writeln!(
+            self.out,
+            "{},{},{:.6},{:.6},{:.3},{},{}",
+            r.tf_id,
+            epn,
+            r.issued_us as f64 / 1e6,
+            r.ended_us as f64 / 1e6,
+            r.ended_us.saturating_sub(r.issued_us) as f64 / 1e3,
+            r.status.name(),
+            r.reason.name()
+        )
+    }
+
+    pub fn finish(mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}

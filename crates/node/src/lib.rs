@@ -1,0 +1,13 @@
+//! fanin runtime: the ICN, FLP and EPN processes, their transports and metrics (tokio).
+//! Load-balancing decisions come from `fanin_sched`; wire encoding from `fanin_proto`.
+
+pub mod budget;
+pub mod config;
+pub mod conn;
+pub mod epn;
+pub mod flp;
+pub mod icn;
+pub mod metrics;
+
+pub use config::RunConfig;
+pub use icn::summary::Summary;

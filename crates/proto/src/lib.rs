@@ -1,0 +1,17 @@
+//! fanin wire format: explicit, versioned, little-endian frames (see docs/protocol.md).
+//! No raw structs on the wire; decoding returns an error, never panics, on any input.
+
+pub mod error;
+pub mod frame;
+pub mod message;
+pub mod wire;
+
+pub use error::DecodeError;
+pub use frame::{FrameHeader, HEADER_LEN, MAGIC, VERSION};
+pub use message::{
+    EpnEntry, Message, MsgType, NodeStats, Prepare, Reason, Register, Role, SizeWire, StfHeader,
+    TfReport, TfStatus, STF_HEADER_LEN,
+};
+
+/// Default body limit for control connections (ICN <-> FLP/EPN).
+pub const MAX_CONTROL_BODY: u32 = 1 << 20;

@@ -1,0 +1,575 @@
+//! Message bodies: every frame type exchanged by ICN, FLP and EPN, with its encoding.
+//! Type numbers and field layouts are documented in docs/protocol.md; keep them in step.
+
+use bytes::Bytes;
+
+use crate::error::DecodeError;
+use crate::frame::{FrameHeader, HEADER_LEN};
+use crate::wire::{Reader, Writer};
+
+/// Node role on the control connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    Flp = 1,
+    Epn = 2,
+}
+
+impl Role {
+    fn from_u8(v: u8) -> Result<Role, DecodeError> {
+        match v {
+            1 => Ok(Role::Flp),
+            2 => Ok(Role::Epn),
+            _ => Err(DecodeError::InvalidValue {
+                field: "role",
+                value: v as u64,
+            }),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Flp => "FLP",
+            Role::Epn => "EPN",
+        }
+    }
+}
+
+/// Final status of a TF as reported by an EPN or decided by the ICN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TfStatus {
+    Complete = 1,
+    Incomplete = 2,
+    Dropped = 3,
+}
+
+impl TfStatus {
+    fn from_u8(v: u8) -> Result<TfStatus, DecodeError> {
+        match v {
+            1 => Ok(TfStatus::Complete),
+            2 => Ok(TfStatus::Incomplete),
+            3 => Ok(TfStatus::Dropped),
+            _ => Err(DecodeError::InvalidValue {
+                field: "status",
+                value: v as u64,
+            }),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TfStatus::Complete => "complete",
+            TfStatus::Incomplete => "incomplete",
+            TfStatus::Dropped => "dropped",
+        }
+    }
+}
+
+macro_rules! reasons {
+    ($($variant:ident = $num:literal => $name:literal),* $(,)?) => {
+        /// Why a TF was not built complete, or why an STF was dropped. Every loss in
+        /// fanin carries one of these; the names appear in metrics and result files.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason { $($variant = $num),* }
+        impl Reason {
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant),*];
+            pub fn from_u8(v: u8) -> Result<Reason, DecodeError> {
+                match v {
+                    $($num => Ok(Reason::$variant),)*
+                    _ => Err(DecodeError::InvalidValue { field: "reason", value: v as u64 }),
+                }
+            }
+            pub fn name(self) -> &'static str {
+                match self { $(Reason::$variant => $name),* }
+            }
+        }
+    };
+}
+
+reasons! {
+    None = 0 => "none",
+    FlpBufferFull = 1 => "flp_buffer_full",
+    EpnBufferFull = 2 => "epn_buffer_full",
+    EpnLost = 3 => "epn_lost",
+    NoEpn = 4 => "no_epn",
+    Unacknowledged = 5 => "unacknowledged",
+    IcnInflightLimit = 6 => "icn_inflight_limit",
+    FlpQueueFull = 7 => "flp_queue_full",
+    BuildTimeout = 8 => "build_timeout",
+    CrcError = 9 => "crc_error",
+    RunStopped = 10 => "run_stopped",
+    EpnSlotLimit = 11 => "epn_slot_limit",
+    FlpLost = 12 => "flp_lost",
+    SendFailed = 13 => "send_failed",
+    Split = 14 => "split",
+}
+
+/// STF size distribution as sent on the wire; `fanin_sched::workload` interprets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizeWire {
+    pub kind: u8,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Register {
+    pub role: Role,
+    /// Requested id; `None` lets the ICN assign one.
+    pub node_id: Option<u32>,
+    /// EPN: the address FLPs connect to for STFs. FLP: empty.
+    pub data_addr: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepare {
+    pub run_id: u64,
+    /// FLP ids taking part are 0..flps.
+    pub flps: u32,
+    pub build_timeout_ms: u32,
+    pub crc: bool,
+    pub size: SizeWire,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpnEntry {
+    pub epn_id: u32,
+    pub addr: String,
+}
+
+/// Fixed part of an STF frame; the payload follows it in the same frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StfHeader {
+    pub run_id: u64,
+    pub tf_id: u64,
+    pub flp_id: u32,
+    /// The EPN the FLP was told to send this STF to.
+    pub epn_id: u32,
+    /// CRC32C of the payload, when the run enables it.
+    pub crc: Option<u32>,
+    pub payload_len: u32,
+}
+
+pub const STF_HEADER_LEN: usize = 8 + 8 + 4 + 4 + 1 + 4 + 4;
+
+impl StfHeader {
+    pub fn encode_into(&self, out: &mut [u8]) {
+        out[0..8].copy_from_slice(&self.run_id.to_le_bytes());
+        out[8..16].copy_from_slice(&self.tf_id.to_le_bytes());
+        out[16..20].copy_from_slice(&self.flp_id.to_le_bytes());
+        out[20..24].copy_from_slice(&self.epn_id.to_le_bytes());
+        out[24] = u8::from(self.crc.is_some());
+        out[25..29].copy_from_slice(&self.crc.unwrap_or(0).to_le_bytes());
+        out[29..33].copy_from_slice(&self.payload_len.to_le_bytes());
+    }
+
+    pub fn decode(b: &[u8]) -> Result<StfHeader, DecodeError> {
+        let mut r = Reader::new(b);
+        let run_id = r.u64("stf.run_id")?;
+        let tf_id = r.u64("stf.tf_id")?;
+        let flp_id = r.u32("stf.flp_id")?;
+        let epn_id = r.u32("stf.epn_id")?;
+        let flags = r.u8("stf.flags")?;
+        if flags > 1 {
+            return Err(DecodeError::InvalidValue {
+                field: "stf.flags",
+                value: flags as u64,
+            });
+        }
+        let crc_raw = r.u32("stf.crc")?;
+        let payload_len = r.u32("stf.payload_len")?;
+        Ok(StfHeader {
+            run_id,
+            tf_id,
+            flp_id,
+            epn_id,
+            crc: (flags == 1).then_some(crc_raw),
+            payload_len,
+        })
+    }
+
+    /// Frame header plus STF header, ready to be followed by `payload_len` bytes.
+    pub fn encode_frame_prefix(&self) -> [u8; HEADER_LEN + STF_HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN + STF_HEADER_LEN];
+        let fh = FrameHeader {
+            msg_type: MsgType::Stf as u8,
+            length: (STF_HEADER_LEN as u32).saturating_add(self.payload_len),
+        };
+        out[..HEADER_LEN].copy_from_slice(&fh.encode());
+        self.encode_into(&mut out[HEADER_LEN..]);
+        out
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TfReport {
+    pub tf_id: u64,
+    pub status: TfStatus,
+    pub reason: Reason,
+    /// STFs the EPN held for this TF when it decided.
+    pub stfs: u32,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeStats {
+    pub role: Role,
+    pub node_id: u32,
+    pub counters: Vec<(String, u64)>,
+}
+
+/// Message type numbers (the header's `type` byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgType {
+    Register = 1,
+    RegisterAck = 2,
+    Reject = 3,
+    Prepare = 4,
+    EpnList = 5,
+    Ready = 6,
+    RunStart = 7,
+    Assign = 8,
+    Stf = 9,
+    TfReport = 10,
+    StfDropped = 11,
+    RunStop = 12,
+    NodeStats = 13,
+    DataHello = 14,
+    DataHelloAck = 15,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Register(Register),
+    RegisterAck {
+        node_id: u32,
+        run_id: u64,
+    },
+    Reject {
+        reason: String,
+    },
+    Prepare(Prepare),
+    EpnList(Vec<EpnEntry>),
+    Ready {
+        role: Role,
+        node_id: u32,
+        /// FLP: number of EPN data connections confirmed.
+        connected: u32,
+    },
+    RunStart {
+        run_id: u64,
+    },
+    Assign {
+        tf_id: u64,
+        epn_id: u32,
+    },
+    Stf {
+        header: StfHeader,
+        payload: Bytes,
+    },
+    TfReport(TfReport),
+    StfDropped {
+        tf_id: u64,
+        flp_id: u32,
+        reason: Reason,
+    },
+    RunStop {
+        run_id: u64,
+    },
+    NodeStats(NodeStats),
+    DataHello {
+        run_id: u64,
+        flp_id: u32,
+    },
+    DataHelloAck {
+        epn_id: u32,
+    },
+}
+
+impl Message {
+    pub fn msg_type(&self) -> MsgType {
+        match self {
+            Message::Register(_) => MsgType::Register,
+            Message::RegisterAck { .. } => MsgType::RegisterAck,
+            Message::Reject { .. } => MsgType::Reject,
+            Message::Prepare(_) => MsgType::Prepare,
+            Message::EpnList(_) => MsgType::EpnList,
+            Message::Ready { .. } => MsgType::Ready,
+            Message::RunStart { .. } => MsgType::RunStart,
+            Message::Assign { .. } => MsgType::Assign,
+            Message::Stf { .. } => MsgType::Stf,
+            Message::TfReport(_) => MsgType::TfReport,
+            Message::StfDropped { .. } => MsgType::StfDropped,
+            Message::RunStop { .. } => MsgType::RunStop,
+            Message::NodeStats(_) => MsgType::NodeStats,
+            Message::DataHello { .. } => MsgType::DataHello,
+            Message::DataHelloAck { .. } => MsgType::DataHelloAck,
+        }
+    }
+
+    /// Encodes the whole frame (header and body).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.buf.resize(HEADER_LEN, 0);
+        match self {
+            Message::Register(r) => {
+                w.u8(r.role as u8);
+                w.u8(u8::from(r.node_id.is_some()));
+                w.u32(r.node_id.unwrap_or(0));
+                w.string(&r.data_addr);
+            }
+            Message::RegisterAck { node_id, run_id } => {
+                w.u32(*node_id);
+                w.u64(*run_id);
+            }
+            Message::Reject { reason } => w.string(reason),
+            Message::Prepare(p) => {
+                w.u64(p.run_id);
+                w.u32(p.flps);
+                w.u32(p.build_timeout_ms);
+                w.u8(u8::from(p.crc));
+                w.u8(p.size.kind);
+                w.u64(p.size.a);
+                w.u64(p.size.b);
+                w.u64(p.size.c);
+                w.u64(p.seed);
+            }
+            Message::EpnList(list) => {
+                w.u32(list.len() as u32);
+                for e in list {
+                    w.u32(e.epn_id);
+                    w.string(&e.addr);
+                }
+            }
+            Message::Ready {
+                role,
+                node_id,
+                connected,
+            } => {
+                w.u8(*role as u8);
+                w.u32(*node_id);
+                w.u32(*connected);
+            }
+            Message::RunStart { run_id } | Message::RunStop { run_id } => w.u64(*run_id),
+            Message::Assign { tf_id, epn_id } => {
+                w.u64(*tf_id);
+                w.u32(*epn_id);
+            }
+            Message::Stf { header, payload } => {
+                let mut h = [0u8; STF_HEADER_LEN];
+                header.encode_into(&mut h);
+                w.buf.extend_from_slice(&h);
+                w.buf.extend_from_slice(payload);
+            }
+            Message::TfReport(t) => {
+                w.u64(t.tf_id);
+                w.u8(t.status as u8);
+                w.u8(t.reason as u8);
+                w.u32(t.stfs);
+                w.u64(t.bytes);
+            }
+            Message::StfDropped {
+                tf_id,
+                flp_id,
+                reason,
+            } => {
+                w.u64(*tf_id);
+                w.u32(*flp_id);
+                w.u8(*reason as u8);
+            }
+            Message::NodeStats(s) => {
+                w.u8(s.role as u8);
+                w.u32(s.node_id);
+                w.u32(s.counters.len() as u32);
+                for (k, v) in &s.counters {
+                    w.string(k);
+                    w.u64(*v);
+                }
+            }
+            Message::DataHello { run_id, flp_id } => {
+                w.u64(*run_id);
+                w.u32(*flp_id);
+            }
+            Message::DataHelloAck { epn_id } => w.u32(*epn_id),
+        }
+        let body_len = (w.buf.len() - HEADER_LEN) as u32;
+        let header = FrameHeader {
+            msg_type: self.msg_type() as u8,
+            length: body_len,
+        };
+        w.buf[..HEADER_LEN].copy_from_slice(&header.encode());
+        w.buf
+    }
+
+    /// Decodes one body whose header has already been validated.
+    pub fn decode(header: FrameHeader, body: &[u8]) -> Result<Message, DecodeError> {
+        if body.len() != header.length as usize {
+            return Err(DecodeError::Truncated {
+                what: "frame body",
+                need: header.length as usize,
+                have: body.len(),
+            });
+        }
+        let mut r = Reader::new(body);
+        let msg = match header.msg_type {
+            1 => {
+                let role = Role::from_u8(r.u8("register.role")?)?;
+                let has_id = r.u8("register.has_id")?;
+                let id = r.u32("register.node_id")?;
+                let data_addr = r.string("register.data_addr")?;
+                Message::Register(Register {
+                    role,
+                    node_id: match has_id {
+                        0 => None,
+                        1 => Some(id),
+                        v => {
+                            return Err(DecodeError::InvalidValue {
+                                field: "register.has_id",
+                                value: v as u64,
+                            })
+                        }
+                    },
+                    data_addr,
+                })
+            }
+            2 => Message::RegisterAck {
+                node_id: r.u32("register_ack.node_id")?,
+                run_id: r.u64("register_ack.run_id")?,
+            },
+            3 => Message::Reject {
+                reason: r.string("reject.reason")?,
+            },
+            4 => {
+                let run_id = r.u64("prepare.run_id")?;
+                let flps = r.u32("prepare.flps")?;
+                let build_timeout_ms = r.u32("prepare.build_timeout_ms")?;
+                let crc = match r.u8("prepare.crc")? {
+                    0 => false,
+                    1 => true,
+                    v => {
+                        return Err(DecodeError::InvalidValue {
+                            field: "prepare.crc",
+                            value: v as u64,
+                        })
+                    }
+                };
+                let size = SizeWire {
+                    kind: r.u8("prepare.size.kind")?,
+                    a: r.u64("prepare.size.a")?,
+                    b: r.u64("prepare.size.b")?,
+                    c: r.u64("prepare.size.c")?,
+                };
+                let seed = r.u64("prepare.seed")?;
+                Message::Prepare(Prepare {
+                    run_id,
+                    flps,
+                    build_timeout_ms,
+                    crc,
+                    size,
+                    seed,
+                })
+            }
+            5 => {
+                let n = r.count("epn_list.count", 6)?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(EpnEntry {
+                        epn_id: r.u32("epn_list.epn_id")?,
+                        addr: r.string("epn_list.addr")?,
+                    });
+                }
+                Message::EpnList(list)
+            }
+            6 => Message::Ready {
+                role: Role::from_u8(r.u8("ready.role")?)?,
+                node_id: r.u32("ready.node_id")?,
+                connected: r.u32("ready.connected")?,
+            },
+            7 => Message::RunStart {
+                run_id: r.u64("run_start.run_id")?,
+            },
+            8 => Message::Assign {
+                tf_id: r.u64("assign.tf_id")?,
+                epn_id: r.u32("assign.epn_id")?,
+            },
+            9 => {
+                let h = r.rest();
+                if h.len() < STF_HEADER_LEN {
+                    return Err(DecodeError::Truncated {
+                        what: "STF header",
+                        need: STF_HEADER_LEN,
+                        have: h.len(),
+                    });
+                }
+                let header = StfHeader::decode(&h[..STF_HEADER_LEN])?;
+                let payload = &h[STF_HEADER_LEN..];
+                if payload.len() != header.payload_len as usize {
+                    return Err(DecodeError::PayloadLength {
+                        declared: header.payload_len,
+                        actual: payload.len(),
+                    });
+                }
+                Message::Stf {
+                    header,
+                    payload: Bytes::copy_from_slice(payload),
+                }
+            }
+            10 => Message::TfReport(TfReport {
+                tf_id: r.u64("tf_report.tf_id")?,
+                status: TfStatus::from_u8(r.u8("tf_report.status")?)?,
+                reason: Reason::from_u8(r.u8("tf_report.reason")?)?,
+                stfs: r.u32("tf_report.stfs")?,
+                bytes: r.u64("tf_report.bytes")?,
+            }),
+            11 => Message::StfDropped {
+                tf_id: r.u64("stf_dropped.tf_id")?,
+                flp_id: r.u32("stf_dropped.flp_id")?,
+                reason: Reason::from_u8(r.u8("stf_dropped.reason")?)?,
+            },
+            12 => Message::RunStop {
+                run_id: r.u64("run_stop.run_id")?,
+            },
+            13 => {
+                let role = Role::from_u8(r.u8("node_stats.role")?)?;
+                let node_id = r.u32("node_stats.node_id")?;
+                let n = r.count("node_stats.count", 10)?;
+                let mut counters = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let k = r.string("node_stats.name")?;
+                    let v = r.u64("node_stats.value")?;
+                    counters.push((k, v));
+                }
+                Message::NodeStats(NodeStats {
+                    role,
+                    node_id,
+                    counters,
+                })
+            }
+            14 => Message::DataHello {
+                run_id: r.u64("data_hello.run_id")?,
+                flp_id: r.u32("data_hello.flp_id")?,
+            },
+            15 => Message::DataHelloAck {
+                epn_id: r.u32("data_hello_ack.epn_id")?,
+            },
+            t => return Err(DecodeError::UnknownType(t)),
+        };
+        r.finish("message body")?;
+        Ok(msg)
+    }
+
+    /// Decodes one whole frame from the front of `bytes`, returning the message
+    /// and the number of bytes it used.
+    pub fn decode_frame(bytes: &[u8], max_body: u32) -> Result<(Message, usize), DecodeError> {
+        let header = FrameHeader::decode(bytes, max_body)?;
+        let total = HEADER_LEN + header.length as usize;
+        if bytes.len() < total {
+            return Err(DecodeError::Truncated {
+                what: "frame body",
+                need: total,
+                have: bytes.len(),
+            });
+        }
+        let msg = Message::decode(header, &bytes[HEADER_LEN..total])?;
+        Ok((msg, total))
+    }
+}

@@ -1,0 +1,15 @@
+//! fanin load-balancing policies: pure, deterministic decisions (no I/O, clocks or threads).
+//! The ICN runtime and the simulator call exactly this code to pick the EPN of each TF.
+
+pub mod policy;
+pub mod workload;
+
+pub use policy::{Policy, PolicyKind};
+pub use workload::{parse_bytes, StfSize};
+
+/// Identifier of an EPN (event builder) as registered with the ICN.
+pub type EpnId = u32;
+/// Identifier of an FLP (sender).
+pub type FlpId = u32;
+/// Identifier of a timeframe; issued by the ICN in increasing order.
+pub type TfId = u64;
