@@ -21,7 +21,7 @@ pub enum BenchCmd {
 #[derive(Args)]
 pub struct ThroughputArgs {
     /// Seconds per measurement (iperf3 and each fanin case).
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
     /// STF size.
     #[arg(long, default_value = "8MiB")]
@@ -29,6 +29,9 @@ pub struct ThroughputArgs {
     /// Cases as FLPSxEPNS (comma separated).
     #[arg(long, value_delimiter = ',', default_value = "1x1,2x4")]
     pub cases: Vec<String>,
+    /// Measurements of each kind, interleaved; medians are reported (loopback is noisy).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
     /// Where fanin's run results go.
     #[arg(long, default_value = "results")]
     pub results: PathBuf,
@@ -86,54 +89,84 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("--cases: {c:?} is not FLPSxEPNS (e.g. 2x4)"))?;
         cases.push((f, e));
     }
+    anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     println!(
-        "fanin bench throughput: {} s per measurement, STF size {}",
-        a.seconds, a.stf_size
+        "fanin bench throughput: {} s per measurement, STF size {}, {} interleaved repetitions, medians",
+        a.seconds, a.stf_size, a.repeat
     );
-    let reference = iperf3(a.seconds).await?;
-    println!("iperf3 single stream, loopback: {reference:.2} Gbit/s");
     let root = a
         .results
         .join(format!("{}-bench-throughput", orchestrate::timestamp()));
-    let mut lines = vec![format!(
-        "{:<10} {:>14} {:>14} {:>8} {:>8} {:>10}",
-        "FLPs->EPNs", "iperf3 Gbit/s", "fanin Gbit/s", "ratio", "loss %", "TFs"
-    )];
-    for (flps, epns) in cases {
-        let cfg = RunConfig {
-            flps,
-            epns,
-            rate_hz: 0.0,
-            tfs: None,
-            duration_s: Some(a.seconds),
-            stf_size: a.stf_size.clone(),
-            crc: false,
-            max_inflight: 4 * epns as u64,
-            flp_buffer: "1GiB".into(),
-            epn_buffer: "2GiB".into(),
-            ..RunConfig::default()
-        };
-        let dir = root.join(format!("{flps}x{epns}"));
-        let s = orchestrate::run_one(&cfg, &dir, &format!("fanin {flps}->{epns}")).await?;
-        anyhow::ensure!(
-            s.invariant_ok,
-            "{flps}->{epns}: accounting invariant violated"
-        );
-        let line = format!(
-            "{:<10} {:>14.2} {:>14.2} {:>8.3} {:>8.2} {:>10}",
-            format!("{flps}->{epns}"),
-            reference,
-            s.goodput_gbps,
-            s.goodput_gbps / reference,
-            s.loss_pct,
-            s.issued
-        );
-        println!("{line}");
-        lines.push(line);
+    let mut reference = Vec::new();
+    let mut fanin: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cases.len()];
+    for r in 0..a.repeat {
+        let g = iperf3(a.seconds).await?;
+        println!("[{}] iperf3 single stream, loopback: {g:.2} Gbit/s", r + 1);
+        reference.push(g);
+        for (i, &(flps, epns)) in cases.iter().enumerate() {
+            let cfg = RunConfig {
+                flps,
+                epns,
+                rate_hz: 0.0,
+                tfs: None,
+                duration_s: Some(a.seconds),
+                stf_size: a.stf_size.clone(),
+                crc: false,
+                max_inflight: 16 * epns as u64,
+                flp_buffer: "1GiB".into(),
+                epn_buffer: "2GiB".into(),
+                ..RunConfig::default()
+            };
+            let dir = root.join(format!("{flps}x{epns}-r{}", r + 1));
+            let s = orchestrate::run_one(&cfg, &dir, &format!("fanin {flps}->{epns}")).await?;
+            anyhow::ensure!(
+                s.invariant_ok,
+                "{flps}->{epns}: accounting invariant violated"
+            );
+            println!(
+                "[{}] fanin {flps}->{epns}: {:.2} Gbit/s, loss {:.2} %, {} TFs",
+                r + 1,
+                s.goodput_gbps,
+                s.loss_pct,
+                s.issued
+            );
+            fanin[i].push((s.goodput_gbps, s.loss_pct));
+        }
     }
+    let iperf = median(reference.clone());
+    let mut lines = vec![format!(
+        "{:<10} {:>14} {:>14} {:>8} {:>8}   {}",
+        "FLPs->EPNs", "iperf3 Gbit/s", "fanin Gbit/s", "ratio", "loss %", "each fanin run (Gbit/s)"
+    )];
+    for (i, &(flps, epns)) in cases.iter().enumerate() {
+        let g = median(fanin[i].iter().map(|x| x.0).collect());
+        let loss = fanin[i].iter().map(|x| x.1).fold(0.0, f64::max);
+        let all: Vec<String> = fanin[i].iter().map(|x| format!("{:.2}", x.0)).collect();
+        lines.push(format!(
+            "{:<10} {:>14.2} {:>14.2} {:>8.3} {:>8.2}   {}",
+            format!("{flps}->{epns}"),
+            iperf,
+            g,
+            g / iperf,
+            loss,
+            all.join(" ")
+        ));
+    }
+    let all_ref: Vec<String> = reference.iter().map(|g| format!("{g:.2}")).collect();
+    lines.push(format!("each iperf3 run (Gbit/s): {}", all_ref.join(" ")));
     std::fs::create_dir_all(&root)?;
     std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
     println!("\n{}", lines.join("\n"));
     println!("results: {}", root.display());
     Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }

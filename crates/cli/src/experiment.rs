@@ -108,7 +108,9 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
         Some(_) => bail!("experiment {origin}: `run` must be a table"),
     };
     // Explicit configurations, or just the base.
-    let mut rows: Vec<(Option<String>, Table, Option<f64>, Option<f64>)> = Vec::new();
+    // (label, run table, published loss %, published long-run loss %)
+    type Row = (Option<String>, Table, Option<f64>, Option<f64>);
+    let mut rows: Vec<Row> = Vec::new();
     match doc.get("config") {
         None => rows.push((None, base.clone(), None, None)),
         Some(Value::Array(list)) => {

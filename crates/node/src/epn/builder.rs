@@ -56,6 +56,17 @@ impl BuildCounters {
     }
 }
 
+/// Where an STF came from and where its FLP meant it to go.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub tf: TfId,
+    pub flp: FlpId,
+    /// The EPN the FLP addressed the STF to.
+    pub target: EpnId,
+    pub bytes: u64,
+    pub now_us: u64,
+}
+
 struct Slot<P> {
     /// The ICN told us this TF is ours.
     assigned: bool,
@@ -180,17 +191,15 @@ impl<P> Builder<P> {
         }
     }
 
-    /// An STF arrived: `target` is the EPN its FLP addressed it to.
-    pub fn stf(
-        &mut self,
-        tf: TfId,
-        flp: FlpId,
-        target: EpnId,
-        bytes: u64,
-        payload: P,
-        now_us: u64,
-        out: &mut Vec<Out<P>>,
-    ) {
+    /// An STF arrived.
+    pub fn stf(&mut self, a: Arrival, payload: P, out: &mut Vec<Out<P>>) {
+        let Arrival {
+            tf,
+            flp,
+            target,
+            bytes,
+            now_us,
+        } = a;
         if flp >= self.flps {
             self.counters.unknown_flp_stfs += 1;
             return out.push(Out::Free(payload));
@@ -339,6 +348,16 @@ impl<P> Builder<P> {
 mod tests {
     use super::*;
 
+    fn at(tf: TfId, flp: FlpId, target: EpnId, bytes: u64, now_us: u64) -> Arrival {
+        Arrival {
+            tf,
+            flp,
+            target,
+            bytes,
+            now_us,
+        }
+    }
+
     fn reports(out: &[Out<u32>]) -> Vec<(TfId, TfStatus, Reason)> {
         out.iter()
             .filter_map(|o| match o {
@@ -365,10 +384,10 @@ mod tests {
         let mut b = Builder::new(1, 3, 1000, 16);
         let mut out = vec![];
         b.assigned(5, &mut out);
-        b.stf(5, 0, 1, 10, 100, 0, &mut out);
-        b.stf(5, 2, 1, 10, 102, 1, &mut out);
+        b.stf(at(5, 0, 1, 10, 0), 100, &mut out);
+        b.stf(at(5, 2, 1, 10, 1), 102, &mut out);
         assert!(reports(&out).is_empty());
-        b.stf(5, 1, 1, 10, 101, 2, &mut out);
+        b.stf(at(5, 1, 1, 10, 2), 101, &mut out);
         assert_eq!(reports(&out), vec![(5, TfStatus::Complete, Reason::None)]);
         assert_eq!(freed(&out), vec![100, 101, 102]);
         assert_eq!(b.building(), 0);
@@ -380,8 +399,8 @@ mod tests {
     fn stfs_before_the_assignment_wait_for_it() {
         let mut b = Builder::new(1, 2, 1000, 16);
         let mut out = vec![];
-        b.stf(9, 0, 1, 1, 1, 0, &mut out);
-        b.stf(9, 1, 1, 1, 2, 0, &mut out);
+        b.stf(at(9, 0, 1, 1, 0), 1, &mut out);
+        b.stf(at(9, 1, 1, 1, 0), 2, &mut out);
         assert!(reports(&out).is_empty());
         b.assigned(9, &mut out);
         assert_eq!(reports(&out), vec![(9, TfStatus::Complete, Reason::None)]);
@@ -392,7 +411,7 @@ mod tests {
         let mut b = Builder::new(0, 2, 1000, 16);
         let mut out = vec![];
         b.assigned(1, &mut out);
-        b.stf(1, 0, 0, 1, 7, 100, &mut out);
+        b.stf(at(1, 0, 0, 1, 100), 7, &mut out);
         b.tick(1099, &mut out);
         assert!(reports(&out).is_empty());
         b.tick(1100, &mut out);
@@ -402,7 +421,7 @@ mod tests {
         );
         assert_eq!(freed(&out), vec![7]);
         out.clear();
-        b.stf(1, 1, 0, 1, 8, 1200, &mut out);
+        b.stf(at(1, 1, 0, 1, 1200), 8, &mut out);
         assert_eq!(freed(&out), vec![8]);
         assert_eq!(b.counters.late_stfs, 1);
         assert!(reports(&out).is_empty());
@@ -427,8 +446,8 @@ mod tests {
         let mut b = Builder::new(0, 2, 1000, 16);
         let mut out = vec![];
         b.assigned(1, &mut out);
-        b.stf(1, 0, 0, 1, 1, 0, &mut out);
-        b.stf(1, 0, 0, 1, 2, 0, &mut out);
+        b.stf(at(1, 0, 0, 1, 0), 1, &mut out);
+        b.stf(at(1, 0, 0, 1, 0), 2, &mut out);
         assert_eq!(b.counters.duplicate_stfs, 1);
         assert_eq!(freed(&out), vec![2]);
         assert!(reports(&out).is_empty());
@@ -439,8 +458,8 @@ mod tests {
         let mut b = Builder::new(0, 2, 1000, 16);
         let mut out = vec![];
         b.assigned(4, &mut out);
-        b.stf(4, 0, 0, 1, 1, 0, &mut out);
-        b.stf(4, 1, 3, 1, 2, 0, &mut out); // FLP 1 thinks EPN 3 builds TF 4
+        b.stf(at(4, 0, 0, 1, 0), 1, &mut out);
+        b.stf(at(4, 1, 3, 1, 0), 2, &mut out); // FLP 1 thinks EPN 3 builds TF 4
         b.tick(1000, &mut out);
         assert_eq!(
             reports(&out),
@@ -455,8 +474,8 @@ mod tests {
     fn stfs_of_a_tf_never_assigned_here_count_as_split_without_report() {
         let mut b = Builder::new(0, 2, 1000, 16);
         let mut out = vec![];
-        b.stf(8, 0, 0, 1, 1, 0, &mut out);
-        b.stf(8, 1, 0, 1, 2, 0, &mut out);
+        b.stf(at(8, 0, 0, 1, 0), 1, &mut out);
+        b.stf(at(8, 1, 0, 1, 0), 2, &mut out);
         b.tick(1000, &mut out);
         assert!(reports(&out).is_empty());
         assert_eq!(b.counters.split_tfs, 1);
@@ -468,7 +487,7 @@ mod tests {
         let mut b = Builder::new(0, 3, 1000, 16);
         let mut out = vec![];
         b.assigned(2, &mut out);
-        b.stf(2, 0, 0, 1, 1, 0, &mut out);
+        b.stf(at(2, 0, 0, 1, 0), 1, &mut out);
         b.lost_stf(2, Reason::EpnBufferFull, 0, &mut out);
         assert_eq!(
             reports(&out),
@@ -476,7 +495,7 @@ mod tests {
         );
         assert_eq!(freed(&out), vec![1]);
         out.clear();
-        b.stf(2, 2, 0, 1, 3, 0, &mut out);
+        b.stf(at(2, 2, 0, 1, 0), 3, &mut out);
         assert_eq!(freed(&out), vec![3]);
         assert!(reports(&out).is_empty());
     }
@@ -486,7 +505,7 @@ mod tests {
         let mut b = Builder::new(0, 2, 1000, 16);
         let mut out = vec![];
         b.assigned(6, &mut out);
-        b.stf(6, 0, 0, 1, 1, 0, &mut out);
+        b.stf(at(6, 0, 0, 1, 0), 1, &mut out);
         b.lost_stf(6, Reason::CrcError, 0, &mut out);
         b.tick(1000, &mut out);
         assert_eq!(
@@ -508,7 +527,7 @@ mod tests {
             vec![(3, TfStatus::Dropped, Reason::EpnSlotLimit)]
         );
         out.clear();
-        b.stf(3, 0, 0, 1, 9, 0, &mut out);
+        b.stf(at(3, 0, 0, 1, 0), 9, &mut out);
         assert_eq!(freed(&out), vec![9]);
         assert_eq!(b.building(), 2);
     }
@@ -517,7 +536,7 @@ mod tests {
     fn unknown_flp_is_counted() {
         let mut b = Builder::new(0, 2, 1000, 2);
         let mut out = vec![];
-        b.stf(1, 5, 0, 1, 9, 0, &mut out);
+        b.stf(at(1, 5, 0, 1, 0), 9, &mut out);
         assert_eq!(b.counters.unknown_flp_stfs, 1);
         assert_eq!(freed(&out), vec![9]);
         assert_eq!(b.building(), 0);

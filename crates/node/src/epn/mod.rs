@@ -19,7 +19,7 @@ use crate::budget::ByteBudget;
 use crate::config::size_from_wire;
 use crate::conn::{connect_retry, read_frame, read_frame_within, spawn_writer};
 use crate::metrics::{self, Metrics};
-use builder::{Builder, Out};
+use builder::{Arrival, Builder, Out};
 use receiver::{BufPool, BuildEvent, DataCtx};
 
 pub struct EpnOptions {
@@ -196,7 +196,8 @@ async fn build_loop(
             ev = rx.recv() => match ev {
                 Some(BuildEvent::Stf { tf, flp, target, payload }) => {
                     let n = payload.len() as u64;
-                    b.stf(tf, flp, target, n, payload, t0.elapsed().as_micros() as u64, &mut out);
+                    let now_us = t0.elapsed().as_micros() as u64;
+                    b.stf(Arrival { tf, flp, target, bytes: n, now_us }, payload, &mut out);
                 }
                 Some(BuildEvent::Lost { tf, reason }) => {
                     b.lost_stf(tf, reason, t0.elapsed().as_micros() as u64, &mut out)

@@ -1,6 +1,7 @@
 //! The FLP: registers with the ICN, connects to every EPN it is told about, and for each
 //! assignment sends its STF of that TF to the chosen EPN through a bounded send buffer.
 
+mod payload;
 mod sender;
 
 use std::collections::HashMap;
@@ -13,8 +14,6 @@ use fanin_proto::{
     EpnEntry, Message, NodeStats, Prepare, Reason, Register, Role, MAX_CONTROL_BODY,
 };
 use fanin_sched::{EpnId, StfSize};
-use rand::RngCore;
-use rand::SeedableRng;
 use tokio::io::BufReader;
 use tokio::sync::mpsc;
 
@@ -39,8 +38,6 @@ pub struct FlpOptions {
 
 /// STFs queued per EPN connection at most (besides the byte limit).
 const QUEUE_PER_EPN: usize = 4096;
-/// Extra pattern bytes so STFs of different TFs start at different offsets.
-const PATTERN_SLACK: usize = 64 * 1024;
 
 pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new("flp", opts.id);
@@ -100,7 +97,7 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
         me,
         run_id: prep.run_id,
         crc: prep.crc,
-        pattern: make_pattern(prep.seed, me, size.max() as usize + PATTERN_SLACK),
+        pattern: payload::Pattern::new(prep.seed, me),
         budget: budget.clone(),
         metrics: metrics.clone(),
         ctl: ctl_tx.clone(),
@@ -207,12 +204,4 @@ async fn enqueue(
             ctx.dropped(tf, reason).await;
         }
     }
-}
-
-/// Deterministic pseudo-random payload bytes; STFs are windows into this buffer.
-fn make_pattern(seed: u64, flp: u32, len: usize) -> bytes::Bytes {
-    let mut rng = rand_pcg::Pcg64Mcg::seed_from_u64(seed ^ ((flp as u64) << 32));
-    let mut v = vec![0u8; len];
-    rng.fill_bytes(&mut v);
-    bytes::Bytes::from(v)
 }

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
-use bytes::Buf;
 use fanin_proto::{Message, Reason, StfHeader, MAX_CONTROL_BODY};
 use fanin_sched::{EpnId, TfId};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
+use super::payload::Pattern;
 use crate::budget::ByteBudget;
 use crate::conn::{connect_retry, read_frame_within, write_msg};
 use crate::metrics::Metrics;
@@ -27,7 +27,7 @@ pub struct SendCtx {
     pub me: u32,
     pub run_id: u64,
     pub crc: bool,
-    pub pattern: bytes::Bytes,
+    pub pattern: Pattern,
     pub budget: Arc<ByteBudget>,
     pub metrics: Arc<Metrics>,
     pub ctl: mpsc::Sender<Message>,
@@ -45,12 +45,6 @@ impl SendCtx {
                 reason,
             })
             .await;
-    }
-
-    fn payload(&self, tf: TfId, len: usize) -> &[u8] {
-        let slack = self.pattern.len() - len;
-        let off = (tf.wrapping_mul(0x9e37_79b9) as usize) % (slack + 1);
-        &self.pattern[off..off + len]
     }
 }
 
@@ -94,17 +88,16 @@ pub async fn send_loop(
             ctx.dropped(job.tf, Reason::SendFailed).await;
             continue;
         }
-        let payload = ctx.payload(job.tf, job.len as usize);
+        let len = job.len as usize;
         let header = StfHeader {
             run_id: ctx.run_id,
             tf_id: job.tf,
             flp_id: ctx.me,
             epn_id: epn,
-            crc: ctx.crc.then(|| crc32c::crc32c(payload)),
+            crc: ctx.crc.then(|| ctx.pattern.crc(job.tf, len)),
             payload_len: job.len as u32,
         };
-        let prefix = header.encode_frame_prefix();
-        let mut buf = (&prefix[..]).chain(payload);
+        let mut buf = ctx.pattern.frame(header.encode_frame_prefix(), job.tf, len);
         let res = stream.write_all_buf(&mut buf).await;
         ctx.budget.release(job.len);
         ctx.metrics

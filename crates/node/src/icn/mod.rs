@@ -462,55 +462,52 @@ impl Icn {
     }
 
     fn on_timer(&mut self) {
+        // Paced issuing has no phase deadline: `pump` issues what is due.
+        let Some(deadline) = self.phase_deadline else {
+            return;
+        };
+        if Instant::now() < deadline {
+            return;
+        }
         match self.phase {
             Phase::Registering | Phase::Preparing => {
-                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
-                    let missing_flps: Vec<u32> = (0..self.opts.run.cfg.flps)
-                        .filter(|i| !self.flps.contains_key(i))
-                        .collect();
-                    self.fatal = Some(format!(
-                        "pre-run timed out after {} s in phase {:?}: {} of {} EPNs and {} of {} FLPs registered (missing FLP ids {:?}), {} nodes not ready",
-                        self.opts.run.cfg.prerun_timeout_s,
-                        self.phase,
-                        self.epns.len(),
-                        self.opts.run.cfg.epns,
-                        self.flps.len(),
-                        self.opts.run.cfg.flps,
-                        missing_flps,
-                        self.peers.values().filter(|p| !p.ready).count()
-                    ));
-                    self.phase = Phase::Done;
-                }
+                let missing_flps: Vec<u32> = (0..self.opts.run.cfg.flps)
+                    .filter(|i| !self.flps.contains_key(i))
+                    .collect();
+                self.fatal = Some(format!(
+                    "pre-run timed out after {} s in phase {:?}: {} of {} EPNs and {} of {} FLPs registered (missing FLP ids {:?}), {} nodes not ready",
+                    self.opts.run.cfg.prerun_timeout_s,
+                    self.phase,
+                    self.epns.len(),
+                    self.opts.run.cfg.epns,
+                    self.flps.len(),
+                    self.opts.run.cfg.flps,
+                    missing_flps,
+                    self.peers.values().filter(|p| !p.ready).count()
+                ));
+                self.phase = Phase::Done;
             }
-            Phase::Running if !self.opts.run.paced() => {
-                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
-                    self.begin_drain();
-                }
-            }
+            Phase::Running => self.begin_drain(),
             Phase::Draining => {
-                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
-                    tracing::warn!(
-                        "ICN: drain time-out with {} TFs outstanding",
-                        self.ledger.pending()
-                    );
-                    self.begin_stop();
-                }
+                tracing::warn!(
+                    "ICN: drain time-out with {} TFs outstanding",
+                    self.ledger.pending()
+                );
+                self.begin_stop();
             }
             Phase::Stopping => {
-                if Instant::now() >= self.phase_deadline.unwrap_or_else(Instant::now) {
-                    let missing: Vec<String> = self
-                        .peers
-                        .values()
-                        .filter(|p| !p.stats)
-                        .map(|p| p.name())
-                        .collect();
-                    tracing::warn!("ICN: no run-end counters from {missing:?}");
-                    self.events
-                        .push(format!("no run-end counters from {}", missing.join(", ")));
-                    self.phase = Phase::Done;
-                }
+                let missing: Vec<String> = self
+                    .peers
+                    .values()
+                    .filter(|p| !p.stats)
+                    .map(|p| p.name())
+                    .collect();
+                tracing::warn!("ICN: no run-end counters from {missing:?}");
+                self.events
+                    .push(format!("no run-end counters from {}", missing.join(", ")));
+                self.phase = Phase::Done;
             }
-            _ => {}
+            Phase::Done => {}
         }
     }
 
