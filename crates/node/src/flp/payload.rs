@@ -42,8 +42,7 @@ impl Pattern {
 
     /// CRC32C of the payload of `tf`.
     pub fn crc(&self, tf: u64, len: usize) -> u32 {
-        self.pieces(tf, len)
-            .fold(0, |c, piece| crc32c::crc32c_append(c, piece))
+        self.pieces(tf, len).fold(0, crc32c::crc32c_append)
     }
 
     /// The payload bytes of `tf`, materialised (for tests).
