@@ -1,0 +1,41 @@
+//! `fanin bench throughput` end to end: it runs iperf3 and fanin on the same loopback path
+//! and prints both goodputs and their ratio. Checks the output, never the speed.
+
+mod common;
+use common::*;
+
+#[test]
+fn bench_throughput_prints_both_goodputs_and_their_ratio() {
+    let have_iperf3 = std::process::Command::new("iperf3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        have_iperf3,
+        "iperf3 is not installed: run scripts/test, which installs what the tests need"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = fanin()
+        .args(["bench", "throughput", "--seconds", "1", "--repeat", "1", "--cases", "1x1"])
+        .args(["--stf-size", "1MiB", "--results"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let row = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("1->1"))
+        .unwrap_or_else(|| panic!("no 1->1 row in {stdout}"));
+    let f: Vec<f64> = row
+        .split_whitespace()
+        .skip(1)
+        .take(4)
+        .map(|x| x.parse().unwrap())
+        .collect();
+    let (iperf, fanin_gbps, ratio, loss) = (f[0], f[1], f[2], f[3]);
+    assert!(iperf > 0.0 && fanin_gbps > 0.0, "{row}");
+    assert!((ratio - fanin_gbps / iperf).abs() < 0.01, "ratio column: {row}");
+    assert_eq!(loss, 0.0, "{row}");
+}
