@@ -16,13 +16,26 @@ fn bench_throughput_prints_both_goodputs_and_their_ratio() {
     );
     let dir = tempfile::tempdir().unwrap();
     let out = fanin()
-        .args(["bench", "throughput", "--seconds", "1", "--repeat", "1", "--cases", "1x1"])
+        .args([
+            "bench",
+            "throughput",
+            "--seconds",
+            "1",
+            "--repeat",
+            "1",
+            "--cases",
+            "1x1",
+        ])
         .args(["--stf-size", "1MiB", "--results"])
         .arg(dir.path())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let row = stdout
         .lines()
         .rev()
@@ -36,6 +49,9 @@ fn bench_throughput_prints_both_goodputs_and_their_ratio() {
         .collect();
     let (iperf, fanin_gbps, ratio, loss) = (f[0], f[1], f[2], f[3]);
     assert!(iperf > 0.0 && fanin_gbps > 0.0, "{row}");
-    assert!((ratio - fanin_gbps / iperf).abs() < 0.01, "ratio column: {row}");
+    assert!(
+        (ratio - fanin_gbps / iperf).abs() < 0.01,
+        "ratio column: {row}"
+    );
     assert_eq!(loss, 0.0, "{row}");
 }

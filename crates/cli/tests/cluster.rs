@@ -178,3 +178,105 @@ fn static_modulo_sends_tf_s_to_epn_s_mod_n() {
         assert_eq!(epn, tf % 3, "{l}");
     }
 }
+
+#[test]
+fn a_full_epn_build_buffer_drops_tfs_with_that_reason() {
+    // Two 1 MiB STFs per TF into a 1 MiB build buffer: the second never fits.
+    let dir = tempfile::tempdir().unwrap();
+    let icn = start_icn(
+        dir.path(),
+        "flps = 2\nepns = 1\nrate_hz = 50\ntfs = 20\nstf_size = \"1MiB\"\nbuild_timeout_ms = 10000\n",
+        "127.0.0.1:0",
+    );
+    let mut nodes = vec![
+        spawn_epn(dir.path(), icn.control, 0, &["--build-buffer", "1MiB"]),
+        spawn_flp(dir.path(), icn.control, 0),
+        spawn_flp(dir.path(), icn.control, 1),
+    ];
+    let (st, s, results) = icn.finish(60);
+    assert!(st.success());
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    assert_eq!(u(&s, "completed"), 0, "{s}");
+    assert_eq!(
+        s["dropped_by_reason"]["epn_buffer_full"].as_u64(),
+        Some(20),
+        "{s}"
+    );
+    let rows = tf_rows(&results, 20);
+    assert!(rows.iter().all(|r| r.2 == "epn_buffer_full"));
+    let epn = &s["nodes"]["EPN 0"];
+    assert_eq!(
+        epn["stfs.dropped.epn_buffer_full"].as_u64(),
+        Some(20),
+        "{epn}"
+    );
+    assert_eq!(
+        epn["events.build_buffer_peak_bytes"].as_u64(),
+        Some(1 << 20),
+        "{epn}"
+    );
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+}
+
+#[test]
+fn a_full_flp_send_buffer_drops_tfs_and_the_epn_frees_the_rest() {
+    // Freeze the only EPN: its socket fills, the FLPs' 2 MiB send buffers fill, and
+    // further STFs are dropped (flp_buffer_full) while the run goes on.
+    let dir = tempfile::tempdir().unwrap();
+    let mut icn = start_icn(
+        dir.path(),
+        "flps = 2\nepns = 1\nrate_hz = 100\ntfs = 300\nstf_size = \"512KiB\"\nbuild_timeout_ms = 10000\ndrain_timeout_ms = 30000\n",
+        "127.0.0.1:0",
+    );
+    let mut epn = spawn_epn(dir.path(), icn.control, 0, &[]);
+    let mut flps: Vec<Proc> = (0..2)
+        .map(|i| {
+            Proc::spawn(
+                &format!("FLP {i}"),
+                fanin()
+                    .args([
+                        "flp",
+                        "--icn",
+                        &icn.control.to_string(),
+                        "--id",
+                        &i.to_string(),
+                    ])
+                    .args(["--send-buffer", "2MiB"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(
+                        std::fs::File::create(dir.path().join(format!("flp-{i}.log"))).unwrap(),
+                    ),
+            )
+        })
+        .collect();
+    icn.wait_issued(20);
+    epn.signal(libc::SIGSTOP);
+    icn.wait_issued(150);
+    epn.signal(libc::SIGCONT);
+    let (st, s, results) = icn.finish(120);
+    assert!(st.success());
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    let full = s["dropped_by_reason"]["flp_buffer_full"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(full > 0, "{s}");
+    assert!(
+        u(&s, "completed") >= 100,
+        "TFs before and after the freeze complete: {s}"
+    );
+    let rows = tf_rows(&results, 300);
+    assert_eq!(
+        rows.iter().filter(|r| r.2 == "flp_buffer_full").count() as u64,
+        full
+    );
+    // The EPN was told to abandon those TFs and reported none of them.
+    let abandoned = s["nodes"]["EPN 0"]["events.tfs_abandoned"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(abandoned > 0 && abandoned <= full, "{s}");
+    for p in flps.iter_mut().chain([&mut epn]) {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+}

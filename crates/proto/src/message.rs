@@ -235,6 +235,7 @@ pub enum MsgType {
     NodeStats = 13,
     DataHello = 14,
     DataHelloAck = 15,
+    Abandon = 16,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,6 +284,11 @@ pub enum Message {
     DataHelloAck {
         epn_id: u32,
     },
+    /// The ICN ended this TF (e.g. an FLP could not send its STF): free what you hold.
+    Abandon {
+        tf_id: u64,
+        reason: Reason,
+    },
 }
 
 impl Message {
@@ -303,6 +309,7 @@ impl Message {
             Message::NodeStats(_) => MsgType::NodeStats,
             Message::DataHello { .. } => MsgType::DataHello,
             Message::DataHelloAck { .. } => MsgType::DataHelloAck,
+            Message::Abandon { .. } => MsgType::Abandon,
         }
     }
 
@@ -390,6 +397,10 @@ impl Message {
                 w.u32(*flp_id);
             }
             Message::DataHelloAck { epn_id } => w.u32(*epn_id),
+            Message::Abandon { tf_id, reason } => {
+                w.u64(*tf_id);
+                w.u8(*reason as u8);
+            }
         }
         let body_len = (w.buf.len() - HEADER_LEN) as u32;
         let header = FrameHeader {
@@ -550,6 +561,10 @@ impl Message {
             },
             15 => Message::DataHelloAck {
                 epn_id: r.u32("data_hello_ack.epn_id")?,
+            },
+            16 => Message::Abandon {
+                tf_id: r.u64("abandon.tf_id")?,
+                reason: Reason::from_u8(r.u8("abandon.reason")?)?,
             },
             t => return Err(DecodeError::UnknownType(t)),
         };

@@ -101,6 +101,10 @@ fn samples() -> Vec<Message> {
             flp_id: 1,
         },
         Message::DataHelloAck { epn_id: 2 },
+        Message::Abandon {
+            tf_id: 77,
+            reason: Reason::FlpBufferFull,
+        },
     ]
 }
 
@@ -192,7 +196,7 @@ proptest! {
     }
 
     #[test]
-    fn decoding_mutated_frames_never_panics(idx in 0usize..18, pos in any::<prop::sample::Index>(), val in any::<u8>()) {
+    fn decoding_mutated_frames_never_panics(idx in 0usize..19, pos in any::<prop::sample::Index>(), val in any::<u8>()) {
         let mut b = samples()[idx].encode();
         let i = pos.index(b.len());
         b[i] = val;

@@ -35,10 +35,12 @@ pub struct BuildCounters {
     pub unknown_flp_stfs: u64,
     /// STFs discarded because their TF was already dropped.
     pub discarded_stfs: u64,
+    /// TFs the ICN abandoned (an FLP could not send its STF).
+    pub abandoned: u64,
 }
 
 impl BuildCounters {
-    pub fn named(&self) -> [(&'static str, u64); 12] {
+    pub fn named(&self) -> [(&'static str, u64); 13] {
         [
             ("stfs_built", self.stfs),
             ("bytes_built", self.bytes),
@@ -52,6 +54,7 @@ impl BuildCounters {
             ("crc_errors", self.crc_errors),
             ("unknown_flp_stfs", self.unknown_flp_stfs),
             ("discarded_stfs", self.discarded_stfs),
+            ("tfs_abandoned", self.abandoned),
         ]
     }
 }
@@ -188,6 +191,20 @@ impl<P> Builder<P> {
             self.close(tf, TfStatus::Dropped, r, out);
         } else {
             self.try_complete(tf, out);
+        }
+    }
+
+    /// The ICN ended `tf` already: free what it holds, report nothing, and treat
+    /// its later STFs as late.
+    pub fn abandon(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
+        if let Some(mut s) = self.slots.remove(&tf) {
+            for p in s.parts.iter_mut().filter_map(Option::take) {
+                out.push(Out::Free(p));
+            }
+        }
+        if !self.closed.contains(tf) {
+            self.closed.insert(tf);
+            self.counters.abandoned += 1;
         }
     }
 
@@ -530,6 +547,26 @@ mod tests {
         b.stf(at(3, 0, 0, 1, 0), 9, &mut out);
         assert_eq!(freed(&out), vec![9]);
         assert_eq!(b.building(), 2);
+    }
+
+    #[test]
+    fn abandoned_tfs_free_their_stfs_and_later_ones_are_late() {
+        let mut b = Builder::new(0, 2, 1000, 4);
+        let mut out = vec![];
+        b.assigned(3, &mut out);
+        b.stf(at(3, 0, 0, 1, 0), 1, &mut out);
+        b.abandon(3, &mut out);
+        assert_eq!(freed(&out), vec![1]);
+        assert_eq!(b.building(), 0);
+        b.stf(at(3, 1, 0, 1, 5), 2, &mut out);
+        b.tick(1_000_000, &mut out);
+        b.stop(&mut out);
+        assert!(reports(&out).is_empty());
+        assert_eq!(b.counters.abandoned, 1);
+        assert_eq!(b.counters.late_stfs, 1);
+        // Abandoning a TF never seen still keeps its late STFs out.
+        b.abandon(4, &mut out);
+        assert_eq!(b.counters.abandoned, 2);
     }
 
     #[test]

@@ -141,6 +141,10 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
                 tracing::warn!("EPN {me}: ICN sent the assignment of TF {tf_id} to EPN {epn_id}");
                 metrics.error("foreign_assign");
             }
+            Ok(Some(Message::Abandon { tf_id, reason })) => {
+                tracing::debug!("EPN {me}: ICN abandoned TF {tf_id} ({})", reason.name());
+                let _ = b_tx.send(BuildEvent::Abandoned(tf_id)).await;
+            }
             Ok(Some(Message::RunStart { run_id })) => {
                 tracing::info!("EPN {me}: run {run_id} started");
             }
@@ -203,6 +207,7 @@ async fn build_loop(
                     b.lost_stf(tf, reason, t0.elapsed().as_micros() as u64, &mut out)
                 }
                 Some(BuildEvent::Assigned(tf)) => b.assigned(tf, &mut out),
+                Some(BuildEvent::Abandoned(tf)) => b.abandon(tf, &mut out),
                 Some(BuildEvent::Stop(done)) => {
                     b.stop(&mut out);
                     stop = Some(done);

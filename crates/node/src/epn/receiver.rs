@@ -29,6 +29,7 @@ pub enum BuildEvent {
         reason: Reason,
     },
     Assigned(TfId),
+    Abandoned(TfId),
     Stop(tokio::sync::oneshot::Sender<()>),
 }
 

@@ -11,9 +11,6 @@ use hdrhistogram::Histogram;
 struct Pending {
     epn: Option<EpnId>,
     issued_us: u64,
-    /// An FLP could not send its STF; if the EPN then reports the TF incomplete,
-    /// this is why.
-    flp_drop: Option<Reason>,
 }
 
 /// One ended TF, for `tfs.csv`.
@@ -106,7 +103,6 @@ impl Ledger {
             Pending {
                 epn: Some(epn),
                 issued_us: now_us,
-                flp_drop: None,
             },
         );
         assert!(prev.is_none(), "TF {tf} issued twice");
@@ -125,18 +121,16 @@ impl Ledger {
             Pending {
                 epn: None,
                 issued_us: now_us,
-                flp_drop: None,
             },
         );
         self.end(tf, TfStatus::Dropped, reason, 0, now_us)
             .expect("just inserted")
     }
 
-    /// An FLP reports it could not send its STF of `tf`.
-    pub fn note_flp_drop(&mut self, tf: TfId, reason: Reason) {
-        if let Some(p) = self.pending.get_mut(&tf) {
-            p.flp_drop.get_or_insert(reason);
-        }
+    /// An FLP could not send its STF of `tf`: the TF cannot complete, so it ends now.
+    /// Returns the row and the EPN that was building it.
+    pub fn flp_dropped(&mut self, tf: TfId, reason: Reason, now_us: u64) -> Option<TfRow> {
+        self.end(tf, TfStatus::Dropped, reason, 0, now_us)
     }
 
     /// The EPN's word on a TF. The ledger accepts it only from the assigned EPN.
@@ -157,11 +151,6 @@ impl Ledger {
             self.unexpected_reports += 1;
             return Outcome::WrongEpn { assigned: p.epn };
         }
-        // An STF the FLP dropped explains an incomplete TF: count it as that drop.
-        let (status, reason) = match (status, p.flp_drop) {
-            (TfStatus::Incomplete, Some(r)) => (TfStatus::Dropped, r),
-            _ => (status, reason),
-        };
         Outcome::Ended(
             self.end(tf, status, reason, bytes, now_us)
                 .expect("pending checked above"),
@@ -284,17 +273,22 @@ mod tests {
     }
 
     #[test]
-    fn flp_drop_turns_an_incomplete_into_a_named_drop() {
+    fn an_flp_drop_ends_the_tf_at_once_and_the_epn_report_is_late() {
         let mut l = Ledger::new();
         l.issue(7, 3, 0);
-        l.note_flp_drop(7, Reason::FlpBufferFull);
-        match l.report(7, 3, TfStatus::Incomplete, Reason::BuildTimeout, 0, 5) {
-            Outcome::Ended(row) => {
-                assert_eq!(row.status, TfStatus::Dropped);
-                assert_eq!(row.reason, Reason::FlpBufferFull);
-            }
-            o => panic!("{o:?}"),
-        }
+        let row = l.flp_dropped(7, Reason::FlpBufferFull, 2).unwrap();
+        assert_eq!(
+            (row.status, row.reason, row.epn),
+            (TfStatus::Dropped, Reason::FlpBufferFull, Some(3))
+        );
+        // The second FLP's drop of the same TF does not count again.
+        assert!(l.flp_dropped(7, Reason::FlpQueueFull, 3).is_none());
+        assert_eq!(
+            l.report(7, 3, TfStatus::Incomplete, Reason::BuildTimeout, 0, 5),
+            Outcome::NotPending
+        );
+        assert_eq!(l.dropped[&Reason::FlpBufferFull], 1);
+        assert!(l.invariant_holds());
     }
 
     #[test]

@@ -407,7 +407,14 @@ impl Icn {
                 }
             }
             Message::StfDropped { tf_id, reason, .. } if role == Role::Flp => {
-                self.ledger.note_flp_drop(tf_id, reason);
+                let now = self.now_us();
+                if let Some(row) = self.ledger.flp_dropped(tf_id, reason, now) {
+                    self.ended(&row);
+                    // The EPN holds the other STFs of this TF: let it free them now.
+                    if let Some(&c) = row.epn.and_then(|e| self.epns.get(&e)) {
+                        self.send(c, Message::Abandon { tf_id, reason });
+                    }
+                }
             }
             Message::NodeStats(s) => {
                 p.stats = true;
@@ -548,6 +555,11 @@ impl Icn {
             let row = self.ledger.issue_dropped(tf, Reason::IcnInflightLimit, now);
             return self.ended(&row);
         }
+        if (self.flps.len() as u32) < self.opts.run.cfg.flps {
+            // An FLP of this run is gone: no TF can be complete any more.
+            let row = self.ledger.issue_dropped(tf, Reason::FlpLost, now);
+            return self.ended(&row);
+        }
         let Some(epn) = self.policy.assign(tf) else {
             let row = self.ledger.issue_dropped(tf, Reason::NoEpn, now);
             return self.ended(&row);
@@ -638,7 +650,7 @@ impl Icn {
                         rows.len()
                     )
                 } else {
-                    format!("t={t:.3}s {name} lost ({why}); its STFs of later TFs will be missing")
+                    format!("t={t:.3}s {name} lost ({why}); later TFs are dropped (flp_lost)")
                 };
                 tracing::warn!("ICN: {msg}");
                 self.events.push(msg);

@@ -239,3 +239,56 @@ impl TfCsv {
         self.out.flush()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RunConfig;
+    use fanin_proto::{Reason, TfStatus};
+
+    fn paced_run(last_issue_us: u64) -> Summary {
+        let cfg = RunConfig {
+            rate_hz: 100.0,
+            tfs: Some(100),
+            duration_s: None,
+            stf_size: "1KiB".into(),
+            ..RunConfig::default()
+        }
+        .check()
+        .unwrap();
+        let mut l = Ledger::new();
+        for tf in 0..100u64 {
+            // Evenly spaced up to `last_issue_us`.
+            let t = last_issue_us * tf / 99;
+            l.issue(tf, 0, t);
+            l.report(tf, 0, TfStatus::Complete, Reason::None, 1024, t + 500);
+        }
+        Summary::build(1, &cfg, &l, 0.1, BTreeMap::new(), vec![])
+    }
+
+    #[test]
+    fn a_run_within_one_percent_of_its_duration_is_valid() {
+        let s = paced_run(990_000); // 0.99 s + one 10 ms period = 1.000 s
+        assert!((s.duration_s - 1.0).abs() < 1e-9);
+        assert!(s.valid && s.invariant_ok, "{:?}", s.invalid_reason);
+        assert!((s.rate_hz_achieved - 100.0).abs() < 1e-6);
+        assert_eq!(s.loss_pct, 0.0);
+    }
+
+    #[test]
+    fn a_run_that_took_too_long_is_invalid_with_the_reason() {
+        let s = paced_run(1_010_000); // 1.02 s: 2 % late
+        assert!(!s.valid);
+        assert!(s.invalid_reason.unwrap().contains("outside +-1 %"));
+        assert!(s.invariant_ok);
+    }
+
+    #[test]
+    fn pending_tfs_violate_the_invariant() {
+        let cfg = RunConfig::default().check().unwrap();
+        let mut l = Ledger::new();
+        l.issue(0, 0, 0);
+        let s = Summary::build(1, &cfg, &l, 0.0, BTreeMap::new(), vec![]);
+        assert!(!s.invariant_ok && !s.valid);
+    }
+}
