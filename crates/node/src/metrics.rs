@@ -98,11 +98,13 @@ impl Metrics {
             "Current counts (in flight, building, peers)",
             m.level.clone(),
         );
-        registry.register(
-            "tf_latency_seconds",
-            "TF latency from issue to acknowledgement at the ICN",
-            m.latency.clone(),
-        );
+        if role == "icn" {
+            registry.register(
+                "tf_latency_seconds",
+                "TF latency from issue to acknowledgement at the ICN",
+                m.latency.clone(),
+            );
+        }
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -118,6 +120,7 @@ impl Metrics {
     }
 
     pub fn stf(&self, event: &str, reason: &str, n: u64) {
+        let reason = if reason.is_empty() { "none" } else { reason };
         self.stfs
             .get_or_create(&labels(&[("event", event), ("reason", reason)]))
             .inc_by(n);
