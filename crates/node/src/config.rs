@@ -79,6 +79,8 @@ pub struct Checked {
 
 /// Largest STF accepted (the frame length field is 32 bits; stay well inside it).
 pub const MAX_STF_BYTES: u64 = 1 << 30;
+/// Most FLPs or EPNs in one run.
+pub const MAX_NODES: u32 = 10_000;
 
 fn field_err(field: &str, msg: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("config field `{field}`: {msg}")
@@ -146,14 +148,16 @@ impl RunConfig {
                 format!("{} is not within 1..=3600000", self.build_timeout_ms),
             ));
         }
-        if self.max_inflight == 0 {
-            return Err(field_err("max_inflight", "must be at least 1"));
+        if self.max_inflight == 0 || self.max_inflight > 10_000_000 {
+            return Err(field_err("max_inflight", "must be within 1..=10000000"));
         }
         if !(self.prerun_timeout_s > 0.0 && self.prerun_timeout_s <= 3600.0) {
             return Err(field_err("prerun_timeout_s", "must be within (0, 3600]"));
         }
         let (total_tfs, configured_duration) = match (self.tfs, self.duration_s) {
-            (Some(0), _) => return Err(field_err("tfs", "must be at least 1")),
+            (Some(n), _) if n == 0 || n > 1 << 40 => {
+                return Err(field_err("tfs", "must be within 1..=2^40"))
+            }
             (Some(n), _) if self.rate_hz > 0.0 => (
                 Some(n),
                 Some(Duration::from_secs_f64(n as f64 / self.rate_hz)),
@@ -243,7 +247,7 @@ pub fn size_from_wire(w: SizeWire) -> anyhow::Result<StfSize> {
     let s = match w.kind {
         1 => StfSize::Fixed(w.a),
         2 if w.a <= w.b => StfSize::Uniform { min: w.a, max: w.b },
-        3 if w.c > 0 && w.b <= w.a => StfSize::Sine {
+        3 if w.c > 0 && w.b <= w.a && w.a.checked_add(w.b).is_some() => StfSize::Sine {
             mean: w.a,
             amplitude: w.b,
             period: w.c,
@@ -261,6 +265,27 @@ pub fn size_from_wire(w: SizeWire) -> anyhow::Result<StfSize> {
         );
     }
     Ok(s)
+}
+
+/// Checks the run parameters an FLP or EPN received against its own limits.
+/// `buffer` names the node's buffer option, e.g. `--build-buffer`.
+pub fn check_prepare(p: &fanin_proto::Prepare, buffer: (&str, u64)) -> anyhow::Result<StfSize> {
+    if p.flps == 0 || p.flps > MAX_NODES {
+        anyhow::bail!("prepare.flps: {} is not within 1..={MAX_NODES}", p.flps);
+    }
+    if p.build_timeout_ms == 0 {
+        anyhow::bail!("prepare.build_timeout_ms must be at least 1");
+    }
+    let size = size_from_wire(p.size)?;
+    if buffer.1 < size.max() {
+        anyhow::bail!(
+            "{} {} bytes cannot hold the largest STF of this run ({} bytes)",
+            buffer.0,
+            buffer.1,
+            size.max()
+        );
+    }
+    Ok(size)
 }
 
 #[cfg(test)]

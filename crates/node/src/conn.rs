@@ -105,8 +105,12 @@ pub async fn write_msg(s: &mut TcpStream, m: &Message) -> Result<(), ConnError> 
     Ok(())
 }
 
+/// A control write that makes no progress for this long fails the connection.
+pub const CONTROL_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Spawns the task that owns the write half of a control connection. Messages are
-/// encoded in order and flushed in batches; the queue is bounded.
+/// encoded in order and flushed in batches; the queue is bounded, and a peer that
+/// stops reading fails the writer after `CONTROL_WRITE_TIMEOUT`.
 pub fn spawn_writer(
     half: OwnedWriteHalf,
     peer: String,
@@ -115,19 +119,28 @@ pub fn spawn_writer(
     let task = tokio::spawn(async move {
         let mut w = BufWriter::with_capacity(64 * 1024, half);
         while let Some(m) = rx.recv().await {
-            let mut res = w.write_all(&m.encode()).await;
-            while res.is_ok() {
-                match rx.try_recv() {
-                    Ok(m) => res = w.write_all(&m.encode()).await,
-                    Err(_) => break,
+            let batch = async {
+                w.write_all(&m.encode()).await?;
+                while let Ok(m) = rx.try_recv() {
+                    w.write_all(&m.encode()).await?;
+                }
+                w.flush().await
+            };
+            match tokio::time::timeout(CONTROL_WRITE_TIMEOUT, batch).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!("control write to {peer} failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        "control write to {peer}: no progress for {CONTROL_WRITE_TIMEOUT:?}; closing"
+                    );
+                    return;
                 }
             }
-            if let Err(e) = res.and(w.flush().await) {
-                tracing::warn!("control write to {peer} failed: {e}");
-                return;
-            }
         }
-        let _ = w.shutdown().await;
+        let _ = tokio::time::timeout(CONTROL_WRITE_TIMEOUT, w.shutdown()).await;
     });
     (tx, task)
 }

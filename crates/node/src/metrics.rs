@@ -24,8 +24,9 @@ pub struct Metrics {
     stfs: Family<Labels, Counter>,
     /// Bytes: label direction (sent, received, completed).
     bytes: Family<Labels, Counter>,
-    /// Role-specific event totals (split_tfs, duplicate_stfs, ...): label event.
-    events: Family<Labels, Counter>,
+    /// Role-specific totals (split_tfs, duplicate_stfs, ...): label event. A gauge,
+    /// because split_tfs can shrink when a late assignment claims an orphan TF.
+    events: Family<Labels, Gauge>,
     /// Protocol and peer errors: label kind.
     errors: Family<Labels, Counter>,
     /// Buffer occupancy in bytes: label buffer.
@@ -139,17 +140,15 @@ impl Metrics {
         self.bump(format!("bytes.{direction}"), n);
     }
 
-    /// Raises the total of a role-specific event to `total` (totals only grow).
+    /// Sets the total of a role-specific event.
     pub fn set_event_total(&self, event: &str, total: u64) {
-        let key = format!("events.{event}");
-        let mut snap = self.snapshot.lock().unwrap();
-        let prev = snap.entry(key).or_default();
-        if total > *prev {
-            self.events
-                .get_or_create(&labels(&[("event", event)]))
-                .inc_by(total - *prev);
-            *prev = total;
-        }
+        self.events
+            .get_or_create(&labels(&[("event", event)]))
+            .set(total as i64);
+        self.snapshot
+            .lock()
+            .unwrap()
+            .insert(format!("events.{event}"), total);
     }
 
     pub fn error(&self, kind: &str) {
@@ -206,6 +205,7 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
     tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
             let m = metrics.clone();

@@ -13,5 +13,6 @@ pub use message::{
     TfReport, TfStatus, STF_HEADER_LEN,
 };
 
-/// Default body limit for control connections (ICN <-> FLP/EPN).
-pub const MAX_CONTROL_BODY: u32 = 1 << 20;
+/// Body limit for control connections (ICN <-> FLP/EPN). An EpnList of 2000 EPNs
+/// takes about 55 KiB.
+pub const MAX_CONTROL_BODY: u32 = 64 << 10;

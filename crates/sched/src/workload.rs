@@ -56,7 +56,7 @@ impl StfSize {
             StfSize::Uniform { max, .. } => max,
             StfSize::Sine {
                 mean, amplitude, ..
-            } => mean + amplitude,
+            } => mean.saturating_add(amplitude),
             StfSize::Random { mean, spread } => (mean as f64 * (1.0 + spread)).ceil() as u64,
         }
     }

@@ -1,7 +1,7 @@
 //! The EPN's TF builder: collects the STFs of each TF until it holds one from every FLP,
 //! closes TFs on time-out, and detects split TFs, duplicates and late STFs. Pure: no I/O.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use fanin_proto::{Reason, TfReport, TfStatus};
 use fanin_sched::{EpnId, FlpId, TfId};
@@ -23,9 +23,12 @@ pub struct BuildCounters {
     pub complete: u64,
     pub incomplete: u64,
     pub dropped: u64,
-    /// TFs this EPN saw STFs of without being their builder, or whose FLPs disagreed
-    /// about the EPN.
-    pub split_tfs: u64,
+    /// TFs closed because an FLP addressed its STF to another EPN.
+    pub split_flagged: u64,
+    /// TFs closed holding STFs but never assigned here (yet).
+    pub orphans: u64,
+    /// Orphans whose assignment arrived after all: not split after all.
+    pub orphans_claimed: u64,
     /// STFs addressed by their FLP to another EPN.
     pub split_stfs: u64,
     pub duplicate_stfs: u64,
@@ -40,14 +43,20 @@ pub struct BuildCounters {
 }
 
 impl BuildCounters {
-    pub fn named(&self) -> [(&'static str, u64); 13] {
+    /// TFs whose STFs went to more than one EPN, or that were never assigned here.
+    pub fn split_tfs(&self) -> u64 {
+        (self.split_flagged + self.orphans).saturating_sub(self.orphans_claimed)
+    }
+
+    pub fn named(&self) -> [(&'static str, u64); 14] {
         [
             ("stfs_built", self.stfs),
             ("bytes_built", self.bytes),
             ("tfs_complete", self.complete),
             ("tfs_incomplete", self.incomplete),
             ("tfs_dropped", self.dropped),
-            ("split_tfs", self.split_tfs),
+            ("split_tfs", self.split_tfs()),
+            ("orphan_tfs_claimed", self.orphans_claimed),
             ("split_stfs", self.split_stfs),
             ("duplicate_stfs", self.duplicate_stfs),
             ("late_stfs", self.late_stfs),
@@ -75,8 +84,10 @@ struct Slot<P> {
     assigned: bool,
     /// Arrival of the first STF (the build time-out runs from here).
     first_us: Option<u64>,
-    parts: Vec<Option<P>>,
-    have: u32,
+    /// Which FLPs' STFs are held (one bit per FLP).
+    have: Vec<u64>,
+    /// The held payloads: memory grows with STFs held, not with the FLP count.
+    parts: Vec<P>,
     bytes: u64,
     /// Some FLP addressed its STF of this TF to another EPN.
     split: bool,
@@ -85,34 +96,40 @@ struct Slot<P> {
     dropped: Option<Reason>,
 }
 
-/// A bounded set of recently closed TF ids (to recognise late STFs).
-struct Recent {
-    set: HashSet<TfId>,
+/// A bounded map of recently closed TFs, oldest forgotten first.
+struct Recent<V> {
+    map: HashMap<TfId, V>,
     order: VecDeque<TfId>,
     cap: usize,
 }
 
-impl Recent {
+impl<V> Recent<V> {
     fn new(cap: usize) -> Self {
         Recent {
-            set: HashSet::with_capacity(cap),
-            order: VecDeque::with_capacity(cap),
+            map: HashMap::new(),
+            order: VecDeque::new(),
             cap,
         }
     }
-    fn insert(&mut self, tf: TfId) {
-        if self.set.insert(tf) {
+    fn insert(&mut self, tf: TfId, v: V) {
+        if self.map.insert(tf, v).is_none() {
             self.order.push_back(tf);
             if self.order.len() > self.cap {
                 let old = self.order.pop_front().expect("non-empty");
-                self.set.remove(&old);
+                self.map.remove(&old);
             }
         }
     }
+    fn get_mut(&mut self, tf: TfId) -> Option<&mut V> {
+        self.map.get_mut(&tf)
+    }
     fn contains(&self, tf: TfId) -> bool {
-        self.set.contains(&tf)
+        self.map.contains_key(&tf)
     }
 }
+
+/// Closed TFs remembered, to recognise late STFs and late assignments.
+pub const RECENT_TFS: usize = 1 << 16;
 
 pub struct Builder<P> {
     me: EpnId,
@@ -120,7 +137,9 @@ pub struct Builder<P> {
     timeout_us: u64,
     max_slots: usize,
     slots: HashMap<TfId, Slot<P>>,
-    closed: Recent,
+    /// Closed TFs; `Some` holds the report still owed if the TF's assignment arrives
+    /// (it was closed before the ICN's Assign came).
+    closed: Recent<Option<(TfStatus, Reason)>>,
     pub counters: BuildCounters,
 }
 
@@ -128,14 +147,14 @@ impl<P> Builder<P> {
     /// `max_slots` bounds the TFs in building at once; beyond it new TFs are dropped
     /// (`epn_slot_limit`).
     pub fn new(me: EpnId, flps: u32, timeout_us: u64, max_slots: usize) -> Self {
-        assert!(flps > 0 && max_slots > 0);
+        assert!(flps > 0 && max_slots > 0, "validated by the caller");
         Builder {
             me,
             flps,
             timeout_us,
             max_slots,
             slots: HashMap::new(),
-            closed: Recent::new(1 << 16),
+            closed: Recent::new(RECENT_TFS),
             counters: BuildCounters::default(),
         }
     }
@@ -145,29 +164,28 @@ impl<P> Builder<P> {
         self.slots.len()
     }
 
-    fn slot(&mut self, tf: TfId, out: &mut Vec<Out<P>>) -> Option<&mut Slot<P>> {
+    /// The slot of `tf`, created if there is room. Without room the TF is closed as
+    /// dropped (`epn_slot_limit`), reported now if it is ours, else when assigned.
+    fn slot(&mut self, tf: TfId, assigned: bool, out: &mut Vec<Out<P>>) -> Option<&mut Slot<P>> {
         if !self.slots.contains_key(&tf) {
             if self.slots.len() >= self.max_slots {
-                self.closed.insert(tf);
-                self.counters.dropped += 1;
-                out.push(Out::Report(TfReport {
-                    tf_id: tf,
-                    status: TfStatus::Dropped,
-                    reason: Reason::EpnSlotLimit,
-                    stfs: 0,
-                    bytes: 0,
-                }));
+                let owed = (TfStatus::Dropped, Reason::EpnSlotLimit);
+                if assigned {
+                    self.closed.insert(tf, None);
+                    self.report(tf, owed, 0, 0, out);
+                } else {
+                    self.closed.insert(tf, Some(owed));
+                }
                 return None;
             }
-            let mut parts = Vec::with_capacity(self.flps as usize);
-            parts.resize_with(self.flps as usize, || None);
+            let words = (self.flps as usize).div_ceil(64);
             self.slots.insert(
                 tf,
                 Slot {
-                    assigned: false,
+                    assigned,
                     first_us: None,
-                    parts,
-                    have: 0,
+                    have: vec![0; words],
+                    parts: Vec::new(),
                     bytes: 0,
                     split: false,
                     corrupt: false,
@@ -178,12 +196,41 @@ impl<P> Builder<P> {
         self.slots.get_mut(&tf)
     }
 
+    fn report(
+        &mut self,
+        tf: TfId,
+        (status, reason): (TfStatus, Reason),
+        stfs: u32,
+        bytes: u64,
+        out: &mut Vec<Out<P>>,
+    ) {
+        match status {
+            TfStatus::Complete => self.counters.complete += 1,
+            TfStatus::Incomplete => self.counters.incomplete += 1,
+            TfStatus::Dropped => self.counters.dropped += 1,
+        }
+        out.push(Out::Report(TfReport {
+            tf_id: tf,
+            status,
+            reason,
+            stfs,
+            bytes,
+        }));
+    }
+
     /// The ICN assigned `tf` to this EPN.
     pub fn assigned(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
-        if self.closed.contains(tf) {
+        if let Some(owed) = self.closed.get_mut(tf) {
+            // Closed before the assignment came: report what happened to it, once.
+            if let Some(x) = owed.take() {
+                if !matches!(x.1, Reason::EpnSlotLimit | Reason::Split) {
+                    self.counters.orphans_claimed += 1;
+                }
+                self.report(tf, x, 0, 0, out);
+            }
             return;
         }
-        let Some(s) = self.slot(tf, out) else {
+        let Some(s) = self.slot(tf, true, out) else {
             return;
         };
         s.assigned = true;
@@ -197,14 +244,15 @@ impl<P> Builder<P> {
     /// The ICN ended `tf` already: free what it holds, report nothing, and treat
     /// its later STFs as late.
     pub fn abandon(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
-        if let Some(mut s) = self.slots.remove(&tf) {
-            for p in s.parts.iter_mut().filter_map(Option::take) {
-                out.push(Out::Free(p));
-            }
+        if let Some(s) = self.slots.remove(&tf) {
+            out.extend(s.parts.into_iter().map(Out::Free));
         }
-        if !self.closed.contains(tf) {
-            self.closed.insert(tf);
-            self.counters.abandoned += 1;
+        match self.closed.get_mut(tf) {
+            Some(owed) => *owed = None,
+            None => {
+                self.closed.insert(tf, None);
+                self.counters.abandoned += 1;
+            }
         }
     }
 
@@ -226,7 +274,7 @@ impl<P> Builder<P> {
             return out.push(Out::Free(payload));
         }
         let me = self.me;
-        let Some(s) = self.slot(tf, out) else {
+        let Some(s) = self.slot(tf, false, out) else {
             return out.push(Out::Free(payload));
         };
         s.first_us.get_or_insert(now_us);
@@ -239,13 +287,13 @@ impl<P> Builder<P> {
             self.counters.discarded_stfs += 1;
             return out.push(Out::Free(payload));
         }
-        let part = &mut s.parts[flp as usize];
-        if part.is_some() {
+        let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
+        if s.have[w] & bit != 0 {
             self.counters.duplicate_stfs += 1;
             return out.push(Out::Free(payload));
         }
-        *part = Some(payload);
-        s.have += 1;
+        s.have[w] |= bit;
+        s.parts.push(payload);
         s.bytes += bytes;
         self.counters.stfs += 1;
         self.counters.bytes += bytes;
@@ -258,7 +306,7 @@ impl<P> Builder<P> {
             self.counters.late_stfs += 1;
             return;
         }
-        let Some(s) = self.slot(tf, out) else {
+        let Some(s) = self.slot(tf, false, out) else {
             return;
         };
         s.first_us.get_or_insert(now_us);
@@ -270,10 +318,8 @@ impl<P> Builder<P> {
         if s.dropped.is_none() {
             s.dropped = Some(reason);
             // Free what we hold now: the TF cannot complete.
-            for p in s.parts.iter_mut().filter_map(Option::take) {
-                out.push(Out::Free(p));
-            }
-            s.have = 0;
+            out.extend(s.parts.drain(..).map(Out::Free));
+            s.have.iter_mut().for_each(|w| *w = 0);
             s.bytes = 0;
             if s.assigned {
                 self.close(tf, TfStatus::Dropped, reason, out);
@@ -282,43 +328,34 @@ impl<P> Builder<P> {
     }
 
     fn try_complete(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
-        let flps = self.flps;
+        let flps = self.flps as usize;
         if let Some(s) = self.slots.get(&tf) {
-            if s.assigned && !s.split && !s.corrupt && s.dropped.is_none() && s.have == flps {
+            if s.assigned && !s.split && !s.corrupt && s.dropped.is_none() && s.parts.len() == flps
+            {
                 self.close(tf, TfStatus::Complete, Reason::None, out);
             }
         }
     }
 
     fn close(&mut self, tf: TfId, status: TfStatus, reason: Reason, out: &mut Vec<Out<P>>) {
-        let Some(mut s) = self.slots.remove(&tf) else {
+        let Some(s) = self.slots.remove(&tf) else {
             return;
         };
-        self.closed.insert(tf);
-        let (stfs, bytes) = (s.have, s.bytes);
-        for p in s.parts.iter_mut().filter_map(Option::take) {
-            out.push(Out::Free(p));
+        let (stfs, bytes) = (s.parts.len() as u32, s.bytes);
+        out.extend(s.parts.into_iter().map(Out::Free));
+        if s.split {
+            self.counters.split_flagged += 1;
         }
         if !s.assigned {
-            // STFs of a TF the ICN never gave us: a split TF, nothing to report.
-            self.counters.split_tfs += 1;
+            // STFs of a TF the ICN has not given us: split, unless its Assign still comes.
+            if !s.split {
+                self.counters.orphans += 1;
+            }
+            self.closed.insert(tf, Some((status, reason)));
             return;
         }
-        if s.split {
-            self.counters.split_tfs += 1;
-        }
-        match status {
-            TfStatus::Complete => self.counters.complete += 1,
-            TfStatus::Incomplete => self.counters.incomplete += 1,
-            TfStatus::Dropped => self.counters.dropped += 1,
-        }
-        out.push(Out::Report(TfReport {
-            tf_id: tf,
-            status,
-            reason,
-            stfs,
-            bytes,
-        }));
+        self.closed.insert(tf, None);
+        self.report(tf, (status, reason), stfs, bytes, out);
     }
 
     fn close_incomplete(&mut self, tf: TfId, default: Reason, out: &mut Vec<Out<P>>) {
@@ -482,7 +519,7 @@ mod tests {
             reports(&out),
             vec![(4, TfStatus::Incomplete, Reason::Split)]
         );
-        assert_eq!(b.counters.split_tfs, 1);
+        assert_eq!(b.counters.split_tfs(), 1);
         assert_eq!(b.counters.split_stfs, 1);
         assert_eq!(freed(&out), vec![1, 2]);
     }
@@ -495,8 +532,25 @@ mod tests {
         b.stf(at(8, 1, 0, 1, 0), 2, &mut out);
         b.tick(1000, &mut out);
         assert!(reports(&out).is_empty());
-        assert_eq!(b.counters.split_tfs, 1);
+        assert_eq!(b.counters.split_tfs(), 1);
         assert_eq!(freed(&out), vec![1, 2]);
+    }
+
+    #[test]
+    fn an_assignment_after_the_time_out_still_gets_its_report() {
+        let mut b = Builder::new(0, 2, 1000, 16);
+        let mut out = vec![];
+        b.stf(at(8, 0, 0, 1, 0), 1, &mut out);
+        b.tick(1000, &mut out);
+        assert_eq!(b.counters.split_tfs(), 1);
+        b.assigned(8, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(8, TfStatus::Incomplete, Reason::BuildTimeout)]
+        );
+        assert_eq!(b.counters.split_tfs(), 0, "it was ours after all");
+        b.assigned(8, &mut out); // reported once only
+        assert_eq!(reports(&out).len(), 1);
     }
 
     #[test]
@@ -547,6 +601,17 @@ mod tests {
         b.stf(at(3, 0, 0, 1, 0), 9, &mut out);
         assert_eq!(freed(&out), vec![9]);
         assert_eq!(b.building(), 2);
+        // An STF of a TF not yet assigned finds no room: the report waits for the Assign.
+        out.clear();
+        b.stf(at(4, 0, 0, 1, 0), 10, &mut out);
+        assert_eq!(freed(&out), vec![10]);
+        assert!(reports(&out).is_empty());
+        b.assigned(4, &mut out);
+        assert_eq!(
+            reports(&out),
+            vec![(4, TfStatus::Dropped, Reason::EpnSlotLimit)]
+        );
+        assert_eq!(b.counters.split_tfs(), 0);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::budget::ByteBudget;
-use crate::config::size_from_wire;
+use crate::config::check_prepare;
 use crate::conn::{connect_retry, read_frame, read_frame_within, spawn_writer};
 use crate::metrics::{self, Metrics};
 use builder::{Arrival, Builder, Out};
@@ -93,10 +93,11 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
             None => bail!("ICN {} closed the connection before the run", opts.icn),
         }
     };
-    let size = size_from_wire(prep.size)?;
+    let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
+        .with_context(|| format!("EPN {me}: run parameters from ICN {}", opts.icn))?;
     let budget = Arc::new(ByteBudget::new(opts.build_buffer));
     metrics.set_buffer("epn_build", 0, opts.build_buffer);
-    let pool = Arc::new(BufPool::new(opts.build_buffer));
+    let pool = Arc::new(BufPool::new(budget.clone()));
     let (b_tx, b_rx) = mpsc::channel::<BuildEvent>(4096);
     let ctx = Arc::new(DataCtx {
         me,

@@ -33,31 +33,43 @@ pub enum BuildEvent {
     Stop(tokio::sync::oneshot::Sender<()>),
 }
 
-/// Reusable payload buffers; idle ones are kept up to a byte limit.
+/// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay
+/// within the build-buffer limit, so the limit bounds the EPN's payload memory.
 pub struct BufPool {
-    free: Mutex<Vec<Vec<u8>>>,
-    max_idle: u64,
+    free: Mutex<(Vec<Vec<u8>>, u64)>,
+    budget: Arc<ByteBudget>,
 }
 
 impl BufPool {
-    pub fn new(max_idle: u64) -> Self {
+    pub fn new(budget: Arc<ByteBudget>) -> Self {
         BufPool {
-            free: Mutex::new(Vec::new()),
-            max_idle,
+            free: Mutex::new((Vec::new(), 0)),
+            budget,
         }
     }
 
     pub fn take(&self, n: usize) -> Vec<u8> {
-        let mut v = self.free.lock().unwrap().pop().unwrap_or_default();
+        let mut v = {
+            let mut g = self.free.lock().unwrap();
+            match g.0.pop() {
+                Some(v) => {
+                    g.1 -= v.capacity() as u64;
+                    v
+                }
+                None => Vec::new(),
+            }
+        };
         v.resize(n, 0);
         v
     }
 
+    /// Call after the buffer's bytes went back to the budget.
     pub fn put(&self, v: Vec<u8>) {
-        let mut free = self.free.lock().unwrap();
-        let idle: u64 = free.iter().map(|b| b.capacity() as u64).sum();
-        if idle + v.capacity() as u64 <= self.max_idle {
-            free.push(v);
+        let mut g = self.free.lock().unwrap();
+        let cap = v.capacity() as u64;
+        if g.1 + cap + self.budget.used() <= self.budget.limit() {
+            g.0.push(v);
+            g.1 += cap;
         }
     }
 }
@@ -76,14 +88,25 @@ pub struct DataCtx {
 }
 
 pub async fn accept_loop(listener: TcpListener, ctx: Arc<DataCtx>) {
+    // One connection per FLP, plus a few being refused at any time.
+    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.flps as usize + 16));
     loop {
         match listener.accept().await {
             Ok((s, peer)) => {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        "EPN {}: data peer {peer}: too many connections; closing",
+                        ctx.me
+                    );
+                    ctx.metrics.error("too_many_connections");
+                    continue;
+                };
                 let ctx = ctx.clone();
                 tokio::spawn(async move {
                     if let Err(e) = serve_flp(s, peer, &ctx).await {
                         tracing::warn!("EPN {}: data peer {peer}: {e}; closing", ctx.me);
                     }
+                    drop(permit);
                 });
             }
             Err(e) => {
@@ -213,9 +236,12 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
         ctx.metrics.bytes("received", n as u64);
         if ctx.budget.try_reserve(n as u64) {
             let mut buf = ctx.pool.take(n);
-            if !read_exact_or_eof(rd, &mut buf).await? && n > 0 {
+            let read = read_exact_or_eof(rd, &mut buf).await;
+            if !matches!(read, Ok(true)) && n > 0 {
+                // The FLP went away mid-STF: give the bytes back before leaving.
                 ctx.budget.release(n as u64);
-                return Err(ConnError::Eof.into());
+                ctx.pool.put(buf);
+                return Err(read.err().unwrap_or(ConnError::Eof).into());
             }
             ctx.metrics
                 .set_buffer("epn_build", ctx.budget.used(), ctx.budget.limit());

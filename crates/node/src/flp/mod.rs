@@ -18,7 +18,7 @@ use tokio::io::BufReader;
 use tokio::sync::mpsc;
 
 use crate::budget::ByteBudget;
-use crate::config::size_from_wire;
+use crate::config::check_prepare;
 use crate::conn::{connect_retry, read_frame, read_frame_within, spawn_writer};
 use crate::metrics::{self, Metrics};
 use sender::{SendCtx, StfJob};
@@ -90,7 +90,8 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
         prep.expect("loop ends with it"),
         list.expect("loop ends with it"),
     );
-    let size = size_from_wire(prep.size)?;
+    let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
+        .with_context(|| format!("FLP {me}: run parameters from ICN {}", opts.icn))?;
     let budget = Arc::new(ByteBudget::new(opts.send_buffer));
     metrics.set_buffer("flp_send", 0, opts.send_buffer);
     let ctx = Arc::new(SendCtx {
@@ -104,7 +105,10 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     });
 
     // Connect to every EPN and confirm each connection with a handshake.
-    let mut queues: HashMap<EpnId, mpsc::Sender<StfJob>> = HashMap::new();
+    // Each EPN may hold at most its share of the send buffer (at least one STF), so
+    // one EPN that stops reading cannot starve the others.
+    let share = (opts.send_buffer / list.len().max(1) as u64).max(size.max());
+    let mut queues: HashMap<EpnId, EpnQueue> = HashMap::new();
     let mut tasks = Vec::new();
     for e in &list {
         let addr: SocketAddr = e
@@ -113,13 +117,15 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
             .with_context(|| format!("EPN {} data address {:?}", e.epn_id, e.addr))?;
         let stream = sender::connect_epn(&ctx, e.epn_id, addr, opts.data_bind).await?;
         let (tx, rx) = mpsc::channel(QUEUE_PER_EPN);
+        let bytes = Arc::new(ByteBudget::new(share));
         tasks.push(tokio::spawn(sender::send_loop(
             ctx.clone(),
             e.epn_id,
             stream,
             rx,
+            bytes.clone(),
         )));
-        queues.insert(e.epn_id, tx);
+        queues.insert(e.epn_id, EpnQueue { tx, bytes });
     }
     tracing::info!("FLP {me}: connected to {} EPNs", queues.len());
     ctl_tx
@@ -141,8 +147,12 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
             Ok(Some(Message::RunStop { run_id })) => {
                 tracing::info!("FLP {me}: run {run_id} stopping; flushing send queues");
                 drop(queues);
-                for t in tasks {
-                    let _ = t.await;
+                // Senders end when their queue is empty; a stalled one fails within
+                // STALL_TIMEOUT per STF, so bound the wait and then stop waiting.
+                let flush = wait_all(tasks);
+                if tokio::time::timeout(FLUSH_TIMEOUT, flush).await.is_err() {
+                    tracing::warn!("FLP {me}: send queues not flushed within {FLUSH_TIMEOUT:?}");
+                    metrics.error("flush_timeout");
                 }
                 ctl_tx
                     .send(Message::NodeStats(NodeStats {
@@ -172,12 +182,27 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     }
 }
 
+/// How long an FLP waits at run end for its send queues to drain.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct EpnQueue {
+    tx: mpsc::Sender<StfJob>,
+    /// Bytes queued for this EPN (its share of the send buffer).
+    bytes: Arc<ByteBudget>,
+}
+
+async fn wait_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
 /// Puts the STF of `tf` in the send queue of `epn`, or reports why it cannot.
 async fn enqueue(
     ctx: &Arc<SendCtx>,
     size: &StfSize,
     seed: u64,
-    queues: &HashMap<EpnId, mpsc::Sender<StfJob>>,
+    queues: &HashMap<EpnId, EpnQueue>,
     tf: u64,
     epn: EpnId,
 ) {
@@ -190,13 +215,18 @@ async fn enqueue(
     if !ctx.budget.try_reserve(n) {
         return ctx.dropped(tf, Reason::FlpBufferFull).await;
     }
+    if !q.bytes.try_reserve(n) {
+        ctx.budget.release(n);
+        return ctx.dropped(tf, Reason::FlpQueueFull).await;
+    }
     ctx.metrics
         .set_buffer("flp_send", ctx.budget.used(), ctx.budget.limit());
     let job = StfJob { tf, epn, len: n };
-    match q.try_send(job) {
+    match q.tx.try_send(job) {
         Ok(()) => {}
         Err(e) => {
             ctx.budget.release(n);
+            q.bytes.release(n);
             let reason = match e {
                 mpsc::error::TrySendError::Full(_) => Reason::FlpQueueFull,
                 mpsc::error::TrySendError::Closed(_) => Reason::SendFailed,

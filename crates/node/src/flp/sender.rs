@@ -23,6 +23,31 @@ pub struct StfJob {
     pub len: u64,
 }
 
+/// A data connection that accepts no bytes for this long is failed: its EPN has
+/// stopped reading, and its STFs must not hold the send buffer forever.
+pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Writes all of `buf`, failing if no byte moves for `STALL_TIMEOUT`.
+async fn write_with_progress(
+    stream: &mut TcpStream,
+    buf: &mut impl bytes::Buf,
+) -> std::io::Result<()> {
+    while buf.has_remaining() {
+        match tokio::time::timeout(STALL_TIMEOUT, stream.write_buf(buf)).await {
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no progress for {STALL_TIMEOUT:?} (EPN not reading)"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 pub struct SendCtx {
     pub me: u32,
     pub run_id: u64,
@@ -79,12 +104,14 @@ pub async fn send_loop(
     epn: EpnId,
     mut stream: TcpStream,
     mut rx: mpsc::Receiver<StfJob>,
+    per_epn: Arc<ByteBudget>,
 ) {
     let mut failed: Option<String> = None;
     while let Some(job) = rx.recv().await {
         debug_assert_eq!(job.epn, epn);
         if failed.is_some() {
             ctx.budget.release(job.len);
+            per_epn.release(job.len);
             ctx.dropped(job.tf, Reason::SendFailed).await;
             continue;
         }
@@ -98,8 +125,9 @@ pub async fn send_loop(
             payload_len: job.len as u32,
         };
         let mut buf = ctx.pattern.frame(header.encode_frame_prefix(), job.tf, len);
-        let res = stream.write_all_buf(&mut buf).await;
+        let res = write_with_progress(&mut stream, &mut buf).await;
         ctx.budget.release(job.len);
+        per_epn.release(job.len);
         ctx.metrics
             .set_buffer("flp_send", ctx.budget.used(), ctx.budget.limit());
         match res {

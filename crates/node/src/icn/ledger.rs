@@ -192,7 +192,7 @@ impl Ledger {
         match status {
             TfStatus::Complete => {
                 self.completed += 1;
-                self.completed_bytes += bytes;
+                self.completed_bytes = self.completed_bytes.saturating_add(bytes);
                 let lat = now_us.saturating_sub(p.issued_us).max(1);
                 self.latency_us.saturating_record(lat);
             }

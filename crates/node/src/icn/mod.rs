@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use crate::config::{size_to_wire, Checked};
 use crate::metrics::{self, Metrics};
 use ledger::{Ledger, Outcome, TfRow};
-use summary::{Summary, TfCsv};
+use summary::{Summary, Tally, TfCsv};
 
 pub use peer::{ConnId, Event};
 
@@ -46,6 +46,8 @@ enum Phase {
 }
 
 struct Peer {
+    /// Dropping the peer drops this, which closes its connection.
+    _kill: tokio::sync::oneshot::Sender<()>,
     role: Role,
     id: u32,
     addr: SocketAddr,
@@ -73,6 +75,8 @@ struct Icn {
     flps: BTreeMap<FlpId, ConnId>,
     policy: Box<dyn Policy>,
     ledger: Ledger,
+    /// Kept apart from the ledger, to check it: rows written per status.
+    tally: Tally,
     next_tf: u64,
     tfs_csv: Option<TfCsv>,
     prerun_s: f64,
@@ -114,8 +118,14 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         opts.run.cfg.policy
     );
 
-    let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(1 << 16);
-    let acceptor = tokio::spawn(peer::accept_loop(listener, ev_tx, metrics.clone()));
+    let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(4096);
+    let max_conns = (opts.run.cfg.flps + opts.run.cfg.epns) as usize + 64;
+    let acceptor = tokio::spawn(peer::accept_loop(
+        listener,
+        ev_tx,
+        metrics.clone(),
+        max_conns,
+    ));
 
     let prerun_timeout = Duration::from_secs_f64(opts.run.cfg.prerun_timeout_s);
     let mut icn = Icn {
@@ -134,6 +144,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         epns: BTreeMap::new(),
         flps: BTreeMap::new(),
         ledger: Ledger::new(),
+        tally: Tally::default(),
         next_tf: 0,
         prerun_s: 0.0,
         registered_s: 0.0,
@@ -226,8 +237,16 @@ impl Icn {
                 peer,
                 reg,
                 tx,
-            } => self.on_register(conn, peer, reg, tx),
-            Event::Msg { conn, msg } => self.on_msg(conn, msg),
+                kill,
+            } => self.on_register(conn, peer, reg, tx, kill),
+            Event::Msg { conn, msg } => {
+                if self.peers.contains_key(&conn) {
+                    self.on_msg(conn, msg);
+                } else {
+                    // From a connection being closed (refused or dropped).
+                    self.metrics.error("ignored_frame");
+                }
+            }
             Event::Closed { conn, err } => {
                 if self.peers.contains_key(&conn) {
                     let why = err.unwrap_or_else(|| "connection closed".into());
@@ -249,6 +268,7 @@ impl Icn {
         peer: SocketAddr,
         reg: fanin_proto::Register,
         tx: mpsc::Sender<Message>,
+        kill: tokio::sync::oneshot::Sender<()>,
     ) {
         if let (Role::Flp, Some(id)) = (reg.role, reg.node_id) {
             if id >= self.opts.run.cfg.flps {
@@ -316,6 +336,7 @@ impl Icn {
             run_id: self.opts.run_id,
         });
         let p = Peer {
+            _kill: kill,
             role: reg.role,
             id,
             addr: peer,
@@ -574,12 +595,20 @@ impl Icn {
         // The EPN learns first, so it expects the TF before its STFs arrive.
         let epn_conn = self.epns[&epn];
         self.send(epn_conn, assign.clone());
+        if !self.peers.contains_key(&epn_conn) {
+            return; // the EPN just failed; the TF ended as epn_lost
+        }
         for c in self.flps.values().copied().collect::<Vec<_>>() {
             self.send(c, assign.clone());
         }
     }
 
     fn ended(&mut self, row: &TfRow) {
+        match row.status {
+            TfStatus::Complete => self.tally.completed += 1,
+            TfStatus::Incomplete => self.tally.incomplete += 1,
+            TfStatus::Dropped => self.tally.dropped += 1,
+        }
         self.metrics.tf(row.status.name(), row.reason.name());
         if row.status == TfStatus::Complete {
             self.metrics
@@ -679,10 +708,12 @@ impl Icn {
                 rows.len()
             ));
         }
+        self.tally.ids = self.next_tf;
         let summary = Summary::build(
             self.opts.run_id,
             &self.opts.run,
             &self.ledger,
+            &self.tally,
             self.prerun_s,
             std::mem::take(&mut self.node_stats),
             std::mem::take(&mut self.events),

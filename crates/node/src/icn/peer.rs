@@ -8,7 +8,7 @@ use std::time::Duration;
 use fanin_proto::{Message, Register, MAX_CONTROL_BODY};
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::conn::{read_frame, read_frame_within, spawn_writer};
 use crate::metrics::Metrics;
@@ -22,6 +22,8 @@ pub enum Event {
         peer: SocketAddr,
         reg: Register,
         tx: mpsc::Sender<Message>,
+        /// Dropping this closes the connection (its reader stops, the writer flushes).
+        kill: oneshot::Sender<()>,
     },
     Msg {
         conn: ConnId,
@@ -40,20 +42,25 @@ pub async fn accept_loop(
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
+    max_conns: usize,
 ) {
     let mut next: ConnId = 1;
+    let slots = Arc::new(Semaphore::new(max_conns));
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!("ICN: peer {peer}: too many connections ({max_conns}); closing");
+                    metrics.error("too_many_connections");
+                    continue;
+                };
                 let conn = next;
                 next += 1;
-                tokio::spawn(serve_peer(
-                    conn,
-                    stream,
-                    peer,
-                    events.clone(),
-                    metrics.clone(),
-                ));
+                let (events, metrics) = (events.clone(), metrics.clone());
+                tokio::spawn(async move {
+                    serve_peer(conn, stream, peer, events, metrics).await;
+                    drop(permit);
+                });
             }
             Err(e) => {
                 // e.g. out of file descriptors: keep serving the peers we have.
@@ -92,13 +99,15 @@ async fn serve_peer(
             return;
         }
     };
-    let (tx, _writer) = spawn_writer(wr, peer.to_string());
+    let (tx, writer) = spawn_writer(wr, peer.to_string());
+    let (kill, mut killed) = oneshot::channel();
     if events
         .send(Event::Registered {
             conn,
             peer,
             reg,
             tx,
+            kill,
         })
         .await
         .is_err()
@@ -106,17 +115,25 @@ async fn serve_peer(
         return;
     }
     let err = loop {
-        match read_frame(&mut rd, MAX_CONTROL_BODY).await {
-            Ok(Some(msg)) => {
-                if events.send(Event::Msg { conn, msg }).await.is_err() {
-                    return;
-                }
+        tokio::select! {
+            // The ICN refused or dropped this peer: stop reading; the writer flushes
+            // what is queued (a Reject) and closes the socket.
+            _ = &mut killed => {
+                let _ = writer.await;
+                return;
             }
-            Ok(None) => break None,
-            Err(e) => {
-                tracing::warn!("ICN: peer {peer}: {e}; closing");
-                metrics.error(e.kind());
-                break Some(e.to_string());
+            r = read_frame(&mut rd, MAX_CONTROL_BODY) => match r {
+                Ok(Some(msg)) => {
+                    if events.send(Event::Msg { conn, msg }).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break None,
+                Err(e) => {
+                    tracing::warn!("ICN: peer {peer}: {e}; closing");
+                    metrics.error(e.kind());
+                    break Some(e.to_string());
+                }
             }
         }
     };

@@ -58,8 +58,22 @@ pub struct Summary {
     pub events: Vec<String>,
 }
 
+/// The ICN's own count of what it did, kept apart from the ledger: TF ids handed out
+/// and rows written per status. The invariant is checked against both.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Tally {
+    pub ids: u64,
+    pub completed: u64,
+    pub incomplete: u64,
+    pub dropped: u64,
+}
+
 fn sum_counter(nodes: &BTreeMap<String, BTreeMap<String, u64>>, key: &str) -> u64 {
-    nodes.values().filter_map(|c| c.get(key)).sum()
+    // Values come from peers: saturate rather than overflow.
+    nodes
+        .values()
+        .filter_map(|c| c.get(key))
+        .fold(0u64, |a, &v| a.saturating_add(v))
 }
 
 impl Summary {
@@ -67,6 +81,7 @@ impl Summary {
         run_id: u64,
         cfg: &Checked,
         ledger: &Ledger,
+        tally: &Tally,
         prerun_s: f64,
         nodes: BTreeMap<String, BTreeMap<String, u64>>,
         events: Vec<String>,
@@ -90,9 +105,16 @@ impl Summary {
         let incomplete = ledger.incomplete_total();
         let dropped = ledger.dropped_total();
         let lost = ledger.issued - ledger.completed;
+        // issued = completed + incomplete + dropped, where "issued" is the number of TF
+        // ids handed out and each term the number of TFs that ended so, counted both
+        // by the ledger and by the rows the ICN wrote.
         let invariant_ok = ledger.pending() == 0
             && ledger.invariant_holds()
-            && ledger.issued == ledger.completed + incomplete + dropped;
+            && tally.ids == ledger.issued
+            && tally.completed == ledger.completed
+            && tally.incomplete == incomplete
+            && tally.dropped == dropped
+            && tally.ids == tally.completed + tally.incomplete + tally.dropped;
         let configured = cfg.configured_duration.map(|d| d.as_secs_f64());
         let mut invalid_reason = None;
         if !invariant_ok {
@@ -263,7 +285,12 @@ mod tests {
             l.issue(tf, 0, t);
             l.report(tf, 0, TfStatus::Complete, Reason::None, 1024, t + 500);
         }
-        Summary::build(1, &cfg, &l, 0.1, BTreeMap::new(), vec![])
+        let tally = Tally {
+            ids: 100,
+            completed: 100,
+            ..Tally::default()
+        };
+        Summary::build(1, &cfg, &l, &tally, 0.1, BTreeMap::new(), vec![])
     }
 
     #[test]
@@ -288,7 +315,36 @@ mod tests {
         let cfg = RunConfig::default().check().unwrap();
         let mut l = Ledger::new();
         l.issue(0, 0, 0);
-        let s = Summary::build(1, &cfg, &l, 0.0, BTreeMap::new(), vec![]);
+        let tally = Tally {
+            ids: 1,
+            ..Tally::default()
+        };
+        let s = Summary::build(1, &cfg, &l, &tally, 0.0, BTreeMap::new(), vec![]);
         assert!(!s.invariant_ok && !s.valid);
+    }
+
+    #[test]
+    fn a_tf_ended_without_a_row_or_an_id_never_issued_violates_the_invariant() {
+        let cfg = RunConfig::default().check().unwrap();
+        let mut l = Ledger::new();
+        l.issue(0, 0, 0);
+        l.report(0, 0, TfStatus::Complete, Reason::None, 1, 1);
+        let right = Tally {
+            ids: 1,
+            completed: 1,
+            ..Tally::default()
+        };
+        let build = |t: &Tally| Summary::build(1, &cfg, &l, t, 0.0, BTreeMap::new(), vec![]);
+        assert!(build(&right).invariant_ok);
+        let no_row = Tally {
+            completed: 0,
+            ..right.clone()
+        };
+        assert!(!build(&no_row).invariant_ok);
+        let extra_id = Tally {
+            ids: 2,
+            ..right.clone()
+        };
+        assert!(!build(&extra_id).invariant_ok);
     }
 }
