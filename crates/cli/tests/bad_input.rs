@@ -88,6 +88,20 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
         "{m}"
     );
 
+    // A raw client registering an unknown FLP id gets a Reject, then the ICN closes.
+    {
+        let mut c = TcpStream::connect(icn.control).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        c.write_all(&frame(1, 1, &[1, 1, 7, 0, 0, 0, 0, 0]))
+            .unwrap();
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut c, &mut got).expect("the ICN closes the connection");
+        assert_eq!(&got[..4], b"FNIN");
+        assert_eq!(got[5], 3, "a Reject frame");
+        assert!(String::from_utf8_lossy(&got).contains("unknown FLP id 7"));
+    }
+
     let st = stranger.wait(30);
     assert!(!st.success());
     let mut err = String::new();
