@@ -112,6 +112,8 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
                 duration_s: Some(a.seconds),
                 stf_size: a.stf_size.clone(),
                 crc: false,
+                // Measure the transport, not time-outs: a generous build time-out.
+                build_timeout_ms: 10_000,
                 max_inflight: 16 * epns as u64,
                 flp_buffer: "1GiB".into(),
                 epn_buffer: "2GiB".into(),

@@ -105,9 +105,14 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     });
 
     // Connect to every EPN and confirm each connection with a handshake.
-    // Each EPN may hold at most its share of the send buffer (at least one STF), so
-    // one EPN that stops reading cannot starve the others.
-    let share = (opts.send_buffer / list.len().max(1) as u64).max(size.max());
+    // No single EPN may hold more than half the send buffer (at least one STF), so
+    // one EPN that stops reading cannot starve the others; a stalled one is also cut
+    // off after STALL_TIMEOUT.
+    let share = if list.len() >= 2 {
+        (opts.send_buffer / 2).max(size.max())
+    } else {
+        opts.send_buffer
+    };
     let mut queues: HashMap<EpnId, EpnQueue> = HashMap::new();
     let mut tasks = Vec::new();
     for e in &list {
