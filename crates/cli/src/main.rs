@@ -4,6 +4,8 @@
 mod bench;
 mod experiment;
 mod orchestrate;
+mod sim;
+mod sim_report;
 mod table;
 
 use std::net::{IpAddr, SocketAddr};
@@ -39,6 +41,8 @@ enum Cmd {
     Flp(FlpArgs),
     /// A builder: receives STFs, builds TFs, acknowledges them to the ICN.
     Epn(EpnArgs),
+    /// Discrete-event simulation of event building (ANTARES presets, TCP/UDP).
+    Sim(sim::SimArgs),
     /// Benchmarks that print fanin's figures beside a reference measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -264,6 +268,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Cmd::Bench(b) => bench::run(b).await,
+        Cmd::Sim(a) => sim::run(a),
     }
 }
 

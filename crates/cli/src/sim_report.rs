@@ -1,0 +1,367 @@
+//! Simulation experiments: loading `[sim]` + `[[run]]` files, running each run, and the
+//! outputs: summary.json, slices.csv, a delay-per-slice SVG, and the comparison table.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use fanin_sim::world::NEVER;
+use fanin_sim::{SimConfig, SimSummary, Transport};
+use toml::{Table, Value};
+
+use crate::experiment::toml_error;
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub label: String,
+    pub cfg: SimConfig,
+    /// Published figures from the thesis, shown beside ours (text, as printed there).
+    pub published: Published,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Published {
+    pub avg: Option<String>,
+    pub p99: Option<String>,
+    pub max: Option<String>,
+    pub retrans: Option<String>,
+    pub loss: Option<String>,
+}
+
+pub struct SimExperiment {
+    pub name: String,
+    pub runs: Vec<Run>,
+}
+
+const META: &[&str] = &[
+    "label",
+    "published_avg_s",
+    "published_p99_s",
+    "published_max_s",
+    "published_retrans_pct",
+    "published_loss_pct",
+];
+
+pub fn single(cfg: SimConfig) -> SimExperiment {
+    SimExperiment {
+        name: "single".into(),
+        runs: vec![Run {
+            label: "run".into(),
+            cfg,
+            published: Published::default(),
+        }],
+    }
+}
+
+fn text(v: Option<&Value>) -> Option<String> {
+    v.map(|v| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
+}
+
+pub fn load(path: &Path) -> anyhow::Result<SimExperiment> {
+    let src = std::fs::read_to_string(path)
+        .with_context(|| format!("reading experiment {}", path.display()))?;
+    let origin = path.display().to_string();
+    let doc: Table = toml::from_str(&src)
+        .map_err(|e| toml_error(e, &src))
+        .with_context(|| format!("experiment {origin}"))?;
+    for k in doc.keys() {
+        if !["name", "description", "sim", "run"].contains(&k.as_str()) {
+            bail!("experiment {origin}: unknown top-level key `{k}` (name, description, sim, run)");
+        }
+    }
+    let name = doc
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| {
+            path.file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "sim".into())
+        });
+    let base = match doc.get("sim") {
+        None => Table::new(),
+        Some(Value::Table(t)) => t.clone(),
+        Some(_) => bail!("experiment {origin}: `sim` must be a table"),
+    };
+    let rows: Vec<Table> = match doc.get("run") {
+        None => vec![Table::new()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| match v {
+                Value::Table(t) => Ok(t.clone()),
+                _ => bail!("experiment {origin}: each [[run]] must be a table"),
+            })
+            .collect::<anyhow::Result<_>>()?,
+        Some(_) => bail!("experiment {origin}: `run` must be an array of tables ([[run]])"),
+    };
+    let mut runs = Vec::new();
+    for (i, row) in rows.iter().enumerate() {
+        let label = text(row.get("label")).unwrap_or_else(|| format!("{}", i + 1));
+        let mut t = base.clone();
+        for (k, v) in row {
+            if !META.contains(&k.as_str()) {
+                t.insert(k.clone(), v.clone());
+            }
+        }
+        let cfg: SimConfig = Value::Table(t)
+            .try_into()
+            .with_context(|| format!("experiment {origin}: run {label}"))?;
+        let cfg = cfg
+            .resolve()
+            .map_err(|e| anyhow::anyhow!("experiment {origin}: run {label}: {e}"))?;
+        runs.push(Run {
+            label,
+            cfg,
+            published: Published {
+                avg: text(row.get("published_avg_s")),
+                p99: text(row.get("published_p99_s")),
+                max: text(row.get("published_max_s")),
+                retrans: text(row.get("published_retrans_pct")),
+                loss: text(row.get("published_loss_pct")),
+            },
+        });
+    }
+    Ok(SimExperiment { name, runs })
+}
+
+pub fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Runs one simulation and writes its files into `dir`.
+pub fn run_one(r: &Run, dir: &Path) -> anyhow::Result<SimSummary> {
+    let w =
+        fanin_sim::simulate(r.cfg.clone()).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
+    let s = SimSummary::of(&w);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.toml"), toml::to_string(&r.cfg)?)?;
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&s)? + "\n",
+    )?;
+    std::fs::write(dir.join("summary.txt"), s.line() + "\n")?;
+    // Per slice: fragments sent, arrived, and the largest network delay.
+    let mut rows = vec![(0u64, 0u64, 0u64, 0u32); w.slices() as usize];
+    for f in &w.frags {
+        let row = &mut rows[f.slice as usize];
+        row.3 = f.dst;
+        if f.suppressed || f.sent == NEVER {
+            continue;
+        }
+        row.0 += 1;
+        if f.arrived != NEVER {
+            row.1 += 1;
+            row.2 = row.2.max(f.arrived - f.sent);
+        }
+    }
+    let mut csv = String::from("slice,pc,fragments_sent,fragments_arrived,max_delay_s,complete\n");
+    for (i, (sent, arrived, max, pc)) in rows.iter().enumerate() {
+        let _ = writeln!(
+            csv,
+            "{i},{pc},{sent},{arrived},{:.6},{}",
+            *max as f64 / 1e9,
+            sent == arrived
+        );
+    }
+    std::fs::write(dir.join("slices.csv"), csv)?;
+    std::fs::write(dir.join("delay.svg"), delay_plot(&w, &r.label))?;
+    Ok(s)
+}
+
+/// Network delay of every fragment against its slice, like the thesis's Figures 4.1-4.2.
+fn delay_plot(w: &fanin_sim::World, title: &str) -> String {
+    let pts: Vec<(u64, f64)> = w
+        .frags
+        .iter()
+        .filter(|f| !f.suppressed && f.sent != NEVER && f.arrived != NEVER)
+        .map(|f| (f.slice, (f.arrived - f.sent) as f64 / 1e9))
+        .collect();
+    let step = (pts.len() / 40_000).max(1);
+    let (wd, ht, l, b) = (900.0, 420.0, 70.0, 50.0);
+    let xmax = w.slices().max(1) as f64;
+    let ymax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.05;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{wd}\" height=\"{ht}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">Network delay per fragment: {}</text>\n",
+        wd / 2.0,
+        title
+    );
+    let (pw, ph) = (wd - l - 20.0, ht - b - 40.0);
+    let x = |v: f64| l + v / xmax * pw;
+    let y = |v: f64| 30.0 + ph - v / ymax * ph;
+    let _ = writeln!(
+        s,
+        "<line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{l}\" y1=\"30\" x2=\"{l}\" y2=\"{}\" stroke=\"black\"/>",
+        30.0 + ph,
+        l + pw,
+        30.0 + ph,
+        30.0 + ph
+    );
+    for i in 0..=5 {
+        let v = ymax * i as f64 / 5.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.3}</text>",
+            l - 5.0,
+            y(v) + 4.0
+        );
+        let sv = xmax * i as f64 / 5.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{sv:.0}</text>",
+            x(sv),
+            30.0 + ph + 18.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time slice</text><text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">delay (s)</text>",
+        l + pw / 2.0,
+        ht - 8.0,
+        30.0 + ph / 2.0,
+        30.0 + ph / 2.0
+    );
+    s.push_str("<g fill=\"steelblue\">\n");
+    for p in pts.iter().step_by(step) {
+        let _ = writeln!(
+            s,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"1.5\" height=\"1.5\"/>",
+            x(p.0 as f64),
+            y(p.1)
+        );
+    }
+    s.push_str("</g>\n</svg>\n");
+    s
+}
+
+fn p(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".into())
+}
+
+pub fn table(rows: &[(Run, SimSummary)]) -> String {
+    let udp = rows.iter().all(|(r, _)| r.cfg.transport == Transport::Udp);
+    let mut cells: Vec<Vec<String>> = Vec::new();
+    if udp {
+        cells.push(
+            [
+                "model",
+                "max delay (s)",
+                "published",
+                "data loss (%)",
+                "published",
+                "TFs complete",
+                "incomplete",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+    } else {
+        cells.push(
+            [
+                "model",
+                "avg delay (s)",
+                "published",
+                "99% delay (s)",
+                "published",
+                "max delay (s)",
+                "published",
+                "retrans (%)",
+                "published",
+                "TFs complete",
+                "incomplete",
+            ]
+            .map(String::from)
+            .to_vec(),
+        );
+    }
+    for (r, s) in rows {
+        let mut c = vec![r.label.clone()];
+        if udp {
+            c.extend([
+                format!("{:.3}", s.delay_max_s),
+                p(&r.published.max),
+                format!("{:.2}", s.loss_pct),
+                p(&r.published.loss),
+            ]);
+        } else {
+            c.extend([
+                format!("{:.3}", s.delay_avg_s),
+                p(&r.published.avg),
+                format!("{:.3}", s.delay_p99_s),
+                p(&r.published.p99),
+                format!("{:.3}", s.delay_max_s),
+                p(&r.published.max),
+                format!("{:.2}", s.retrans_pct),
+                p(&r.published.retrans),
+            ]);
+        }
+        c.push(s.tfs_complete.to_string());
+        c.push(s.tfs_incomplete.to_string());
+        cells.push(c);
+    }
+    let widths: Vec<usize> = (0..cells[0].len())
+        .map(|i| cells.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for (k, row) in cells.iter().enumerate() {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == 0 {
+                    format!("{c:<w$}", w = widths[i])
+                } else {
+                    format!("{c:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  "));
+        if k == 0 {
+            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
+            let _ = writeln!(out, "{}", "-".repeat(total));
+        }
+    }
+    out
+}
+
+pub fn csv(rows: &[(Run, SimSummary)]) -> String {
+    let mut out = String::from("label,lcms,pcs,transport,scheme,bio,slices,fragments_sent,fragments_arrived,loss_pct,delay_avg_s,delay_p99_s,delay_max_s,retrans_pct,tfs_complete,tfs_incomplete,published_avg_s,published_p99_s,published_max_s,published_retrans_pct,published_loss_pct\n");
+    for (r, s) in rows {
+        let _ = writeln!(
+            out,
+            "\"{}\",{},{},{},{},{},{},{},{},{:.4},{:.6},{:.6},{:.6},{:.4},{},{},{},{},{},{},{}",
+            r.label,
+            s.lcms,
+            s.pcs,
+            s.transport,
+            s.scheme,
+            s.bio,
+            s.slices,
+            s.fragments_sent,
+            s.fragments_arrived,
+            s.loss_pct,
+            s.delay_avg_s,
+            s.delay_p99_s,
+            s.delay_max_s,
+            s.retrans_pct,
+            s.tfs_complete,
+            s.tfs_incomplete,
+            p(&r.published.avg),
+            p(&r.published.p99),
+            p(&r.published.max),
+            p(&r.published.retrans),
+            p(&r.published.loss)
+        );
+    }
+    out
+}

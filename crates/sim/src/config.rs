@@ -1,0 +1,217 @@
+//! Simulation configuration: the ANTARES-shaped topology, transport, transmission
+//! scheme, workload and run length; presets for the thesis's detector scales.
+
+use fanin_sched::PolicyKind;
+use serde::{Deserialize, Serialize};
+
+use crate::workload::Bio;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    Tcp,
+    Udp,
+}
+
+/// One simulation run. Defaults are the thesis's Table 4.1 (10-string scale).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimConfig {
+    /// `antares-sector`, `antares-2-string` or `antares-10-string` set the scale below.
+    pub preset: Option<String>,
+    pub strings: u32,
+    pub sectors_per_string: u32,
+    pub lcms_per_sector: u32,
+    /// Farm PCs (EPNs); default: LCMs / 3.
+    pub pcs: Option<u32>,
+    pub lcm_mbps: f64,
+    pub mlcm_mbps: f64,
+    pub pc_mbps: f64,
+    pub lcm_delay_us: f64,
+    pub shore_delay_us: f64,
+    pub pc_delay_us: f64,
+    /// Drop-tail queue limit of every port, in packets ...
+    pub queue_packets: u32,
+    /// ... or in bytes, when set.
+    pub queue_bytes: Option<u64>,
+    /// Bit error rate of the detector-to-shore links.
+    pub ber: f64,
+    pub transport: Transport,
+    pub mss: u32,
+    pub min_rto_ms: f64,
+    /// Delayed transmission group size; absent = direct transmission.
+    pub k: Option<u32>,
+    pub policy: PolicyKind,
+    pub slice_ms: f64,
+    /// Fragment size without bioluminescence.
+    pub fragment_bytes: u32,
+    pub bio: Bio,
+    pub duration_s: f64,
+    /// Time after the last slice for late fragments to arrive.
+    pub relax_s: f64,
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            preset: None,
+            strings: 10,
+            sectors_per_string: 6,
+            lcms_per_sector: 5,
+            pcs: None,
+            lcm_mbps: 50.0,
+            mlcm_mbps: 1000.0,
+            pc_mbps: 500.0,
+            lcm_delay_us: 50.0,
+            shore_delay_us: 300.0,
+            pc_delay_us: 50.0,
+            queue_packets: 100,
+            queue_bytes: None,
+            ber: 0.0,
+            transport: Transport::Tcp,
+            mss: 1460,
+            min_rto_ms: 200.0,
+            k: None,
+            policy: PolicyKind::StaticModulo,
+            slice_ms: 10.0,
+            fragment_bytes: 30_000,
+            bio: Bio::None,
+            duration_s: 60.0,
+            relax_s: 10.0,
+            seed: 1,
+        }
+    }
+}
+
+pub const PRESETS: &[&str] = &["antares-sector", "antares-2-string", "antares-10-string"];
+
+impl SimConfig {
+    /// Applies the preset's scale, if any, and checks every value.
+    pub fn resolve(mut self) -> Result<SimConfig, String> {
+        if let Some(p) = self.preset.clone() {
+            let (strings, sectors) = match p.as_str() {
+                "antares-sector" => (1, 1),
+                "antares-2-string" => (2, 6),
+                "antares-10-string" => (10, 6),
+                other => {
+                    return Err(format!(
+                        "preset {other:?} is not known ({})",
+                        PRESETS.join(", ")
+                    ))
+                }
+            };
+            self.strings = strings;
+            self.sectors_per_string = sectors;
+            self.lcms_per_sector = 5;
+        }
+        let pos = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("`{name}` must be a positive number, not {v}"))
+            }
+        };
+        pos("lcm_mbps", self.lcm_mbps)?;
+        pos("mlcm_mbps", self.mlcm_mbps)?;
+        pos("pc_mbps", self.pc_mbps)?;
+        pos("slice_ms", self.slice_ms)?;
+        pos("duration_s", self.duration_s)?;
+        pos("min_rto_ms", self.min_rto_ms)?;
+        for (n, v) in [
+            ("lcm_delay_us", self.lcm_delay_us),
+            ("shore_delay_us", self.shore_delay_us),
+            ("pc_delay_us", self.pc_delay_us),
+            ("relax_s", self.relax_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("`{n}` must be zero or positive, not {v}"));
+            }
+        }
+        if !(0.0..1.0).contains(&self.ber) {
+            return Err(format!("`ber` must be within [0, 1), not {}", self.ber));
+        }
+        if self.strings == 0 || self.sectors_per_string == 0 || self.lcms_per_sector == 0 {
+            return Err(
+                "`strings`, `sectors_per_string` and `lcms_per_sector` must be at least 1".into(),
+            );
+        }
+        if self.lcms() > 100_000 {
+            return Err(format!("{} LCMs is more than 100000", self.lcms()));
+        }
+        if self.pcs == Some(0) {
+            return Err("`pcs` must be at least 1".into());
+        }
+        if self.mss < 100 || self.mss > 65_000 {
+            return Err(format!("`mss` {} is not within 100..=65000", self.mss));
+        }
+        if self.queue_packets == 0 || self.queue_bytes == Some(0) {
+            return Err("queue limits must be at least 1".into());
+        }
+        if self.k == Some(0) {
+            return Err("`k` must be at least 1".into());
+        }
+        Ok(self)
+    }
+
+    pub fn lcms(&self) -> u32 {
+        self.strings * self.sectors_per_string * self.lcms_per_sector
+    }
+
+    pub fn pc_count(&self) -> u32 {
+        self.pcs.unwrap_or((self.lcms() / 3).max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_set_the_thesis_scales() {
+        let s = |p: &str| {
+            SimConfig {
+                preset: Some(p.into()),
+                ..SimConfig::default()
+            }
+            .resolve()
+            .unwrap()
+        };
+        assert_eq!(
+            (s("antares-sector").lcms(), s("antares-sector").pc_count()),
+            (5, 1)
+        );
+        assert_eq!(
+            (
+                s("antares-2-string").lcms(),
+                s("antares-2-string").pc_count()
+            ),
+            (60, 20)
+        );
+        assert_eq!(
+            (
+                s("antares-10-string").lcms(),
+                s("antares-10-string").pc_count()
+            ),
+            (300, 100)
+        );
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = SimConfig {
+            preset: Some("antares-11-string".into()),
+            ..SimConfig::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(e.contains("antares-11-string"));
+        let e = SimConfig {
+            lcm_mbps: -1.0,
+            ..SimConfig::default()
+        }
+        .resolve()
+        .unwrap_err();
+        assert!(e.contains("lcm_mbps"));
+    }
+}

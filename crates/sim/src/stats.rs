@@ -1,0 +1,152 @@
+//! Run metrics: fragment network delay (average, 99 %, max), retransmitted segments,
+//! fragment loss, and the event-building view in the runtime's accounting terms.
+
+use serde::Serialize;
+
+use crate::config::Transport;
+use crate::engine::{Time, SEC};
+use crate::world::{World, NEVER};
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimSummary {
+    pub lcms: u32,
+    pub pcs: u32,
+    pub transport: String,
+    pub scheme: String,
+    pub bio: String,
+    pub slices: u64,
+    pub fragments_sent: u64,
+    pub fragments_suppressed: u64,
+    pub fragments_arrived: u64,
+    pub fragments_lost: u64,
+    pub loss_pct: f64,
+    pub delay_avg_s: f64,
+    pub delay_p99_s: f64,
+    pub delay_max_s: f64,
+    pub segments_sent: u64,
+    pub segments_retransmitted: u64,
+    pub retrans_pct: f64,
+    pub tcp_timeouts: u64,
+    pub packets_dropped: u64,
+    pub packets_corrupted: u64,
+    /// Event-building view: a TF (slice) is complete when every fragment sent for it
+    /// arrived before the end of the relaxation period.
+    pub tfs_issued: u64,
+    pub tfs_complete: u64,
+    pub tfs_incomplete: u64,
+    pub invariant_ok: bool,
+    pub events: u64,
+}
+
+fn secs(t: Time) -> f64 {
+    t as f64 / SEC as f64
+}
+
+impl SimSummary {
+    pub fn of(w: &World) -> SimSummary {
+        let mut delays: Vec<Time> = Vec::new();
+        let (mut sent, mut suppressed, mut arrived) = (0u64, 0u64, 0u64);
+        let mut slice_ok = vec![true; w.slices() as usize];
+        for f in &w.frags {
+            if f.suppressed {
+                suppressed += 1;
+                continue;
+            }
+            if f.sent == NEVER {
+                slice_ok[f.slice as usize] = false;
+                continue;
+            }
+            sent += 1;
+            if f.arrived != NEVER {
+                arrived += 1;
+                delays.push(f.arrived - f.sent);
+            } else {
+                slice_ok[f.slice as usize] = false;
+            }
+        }
+        delays.sort_unstable();
+        let avg = if delays.is_empty() {
+            0.0
+        } else {
+            delays.iter().map(|&d| secs(d)).sum::<f64>() / delays.len() as f64
+        };
+        let pct = |q: f64| {
+            if delays.is_empty() {
+                0.0
+            } else {
+                let i = ((q * delays.len() as f64).ceil() as usize).clamp(1, delays.len()) - 1;
+                secs(delays[i])
+            }
+        };
+        let (segs, retx, timeouts) = w.tcp_segments();
+        let complete = slice_ok.iter().filter(|&&ok| ok).count() as u64;
+        let issued = w.slices();
+        let incomplete = slice_ok.len() as u64 - complete;
+        let c = &w.cfg;
+        SimSummary {
+            lcms: c.lcms(),
+            pcs: w.pcs() as u32,
+            transport: match c.transport {
+                Transport::Tcp => "tcp".into(),
+                Transport::Udp => "udp".into(),
+            },
+            scheme: match c.k {
+                None => "direct".into(),
+                Some(k) => format!("delayed k={k}"),
+            },
+            bio: format!("{:?}", c.bio).to_lowercase(),
+            slices: issued,
+            fragments_sent: sent,
+            fragments_suppressed: suppressed,
+            fragments_arrived: arrived,
+            fragments_lost: sent - arrived,
+            loss_pct: if sent == 0 {
+                0.0
+            } else {
+                100.0 * (sent - arrived) as f64 / sent as f64
+            },
+            delay_avg_s: avg,
+            delay_p99_s: pct(0.99),
+            delay_max_s: delays.last().map(|&d| secs(d)).unwrap_or(0.0),
+            segments_sent: segs,
+            segments_retransmitted: retx,
+            retrans_pct: if segs == 0 {
+                0.0
+            } else {
+                100.0 * retx as f64 / segs as f64
+            },
+            tcp_timeouts: timeouts,
+            packets_dropped: w.net.total_drops(),
+            packets_corrupted: w.net.corrupted,
+            tfs_issued: issued,
+            tfs_complete: complete,
+            tfs_incomplete: incomplete,
+            invariant_ok: issued == complete + incomplete,
+            events: w.events(),
+        }
+    }
+
+    /// One line, for logs and for comparing runs.
+    pub fn line(&self) -> String {
+        format!(
+            "{} LCMs -> {} PCs {} {} bio={}: slices {} fragments {} arrived {} lost {} ({:.2} %) delay avg {:.4} s p99 {:.4} s max {:.4} s retrans {:.2} % TFs complete {} incomplete {} events {}",
+            self.lcms,
+            self.pcs,
+            self.transport,
+            self.scheme,
+            self.bio,
+            self.slices,
+            self.fragments_sent,
+            self.fragments_arrived,
+            self.fragments_lost,
+            self.loss_pct,
+            self.delay_avg_s,
+            self.delay_p99_s,
+            self.delay_max_s,
+            self.retrans_pct,
+            self.tfs_complete,
+            self.tfs_incomplete,
+            self.events
+        )
+    }
+}

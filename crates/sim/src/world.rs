@@ -1,0 +1,375 @@
+//! One simulation: builds the topology, produces fragments slice by slice, carries them
+//! over TCP or UDP, and records when each fragment left and arrived.
+
+use std::collections::VecDeque;
+
+use fanin_sched::Policy;
+use rand::SeedableRng;
+
+use crate::config::{SimConfig, Transport};
+use crate::engine::{Queue, Time, MS, SEC, US};
+use crate::event::Ev;
+use crate::net::{Builder, Kind, Limit, Net, NodeId, Packet};
+use crate::tcp::{Act, Receiver, Sender, TcpParams};
+use crate::workload::{antares_bio, delay_slices, BioModel, BurstState, Fragment};
+
+/// Bytes of an ACK's payload (none: header only).
+const ACK_LEN: u32 = 0;
+
+pub const NEVER: Time = Time::MAX;
+
+#[derive(Debug, Clone)]
+pub struct Frag {
+    pub sender: u32,
+    pub slice: u64,
+    /// Destination PC (EPN) index.
+    pub dst: u32,
+    pub bytes: u32,
+    pub suppressed: bool,
+    pub sent: Time,
+    pub arrived: Time,
+    /// UDP: payload bytes received so far.
+    got: u32,
+}
+
+struct Conn {
+    src: NodeId,
+    dst: NodeId,
+    snd: Sender,
+    rcv: Receiver,
+    gen: u32,
+    /// Fragments in this byte stream: (end offset, fragment id).
+    bounds: VecDeque<(u64, u32)>,
+    written: u64,
+}
+
+pub struct World {
+    pub cfg: SimConfig,
+    q: Queue<Ev>,
+    pub net: Net,
+    rng: rand_pcg::Pcg64Mcg,
+    lcm_nodes: Vec<NodeId>,
+    pc_nodes: Vec<NodeId>,
+    policy: Box<dyn Policy>,
+    bio: BioModel,
+    bursts: Vec<BurstState>,
+    slice: Time,
+    slices: u64,
+    conn_of: Vec<u32>,
+    conns: Vec<Conn>,
+    pub frags: Vec<Frag>,
+    tcp: TcpParams,
+    acts: Vec<Act>,
+    end: Time,
+}
+
+fn bps(mbps: f64) -> u64 {
+    (mbps * 1e6).round() as u64
+}
+
+fn us(v: f64) -> Time {
+    (v * US as f64).round() as Time
+}
+
+impl World {
+    pub fn new(cfg: SimConfig) -> World {
+        let limit = match cfg.queue_bytes {
+            Some(b) => Limit::Bytes(b),
+            None => Limit::Packets(cfg.queue_packets as usize),
+        };
+        let mut b = Builder::default();
+        let gigaswitch = b.node();
+        let mut lcm_nodes = Vec::new();
+        for _ in 0..cfg.strings * cfg.sectors_per_string {
+            let mlcm = b.node();
+            b.link(
+                mlcm,
+                gigaswitch,
+                bps(cfg.mlcm_mbps),
+                us(cfg.shore_delay_us),
+                limit,
+                cfg.ber,
+            );
+            for _ in 0..cfg.lcms_per_sector {
+                let lcm = b.host();
+                b.link(
+                    lcm,
+                    mlcm,
+                    bps(cfg.lcm_mbps),
+                    us(cfg.lcm_delay_us),
+                    limit,
+                    0.0,
+                );
+                lcm_nodes.push(lcm);
+            }
+        }
+        let mut pc_nodes = Vec::new();
+        for _ in 0..cfg.pc_count() {
+            let pc = b.host();
+            b.link(
+                gigaswitch,
+                pc,
+                bps(cfg.pc_mbps),
+                us(cfg.pc_delay_us),
+                limit,
+                0.0,
+            );
+            pc_nodes.push(pc);
+        }
+        let net = b.build();
+        let mut policy = cfg.policy.build();
+        for i in 0..pc_nodes.len() as u32 {
+            policy.add_epn(i);
+        }
+        let slice = (cfg.slice_ms * MS as f64).round() as Time;
+        let slices = ((cfg.duration_s * SEC as f64) / slice as f64).round() as u64;
+        let mut bio = antares_bio(cfg.bio);
+        if cfg.bio == crate::workload::Bio::None {
+            bio.normal = cfg.fragment_bytes;
+        }
+        let tcp = TcpParams {
+            mss: cfg.mss,
+            min_rto: (cfg.min_rto_ms * MS as f64).round() as Time,
+            ..TcpParams::default()
+        };
+        let end = slices * slice + (cfg.relax_s * SEC as f64).round() as Time;
+        World {
+            rng: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed),
+            bursts: vec![BurstState::default(); lcm_nodes.len()],
+            conn_of: vec![u32::MAX; lcm_nodes.len() * pc_nodes.len()],
+            lcm_nodes,
+            pc_nodes,
+            policy,
+            bio,
+            slice,
+            slices,
+            conns: Vec::new(),
+            frags: Vec::new(),
+            tcp,
+            acts: Vec::new(),
+            end,
+            cfg,
+            q: Queue::new(),
+            net,
+        }
+    }
+
+    pub fn slices(&self) -> u64 {
+        self.slices
+    }
+    pub fn pcs(&self) -> usize {
+        self.pc_nodes.len()
+    }
+    pub fn events(&self) -> u64 {
+        self.q.processed
+    }
+    pub fn end_time(&self) -> Time {
+        self.end
+    }
+
+    /// Runs to the end of the relaxation period.
+    pub fn run(&mut self) {
+        if self.slices > 0 {
+            self.q.at(self.slice, Ev::SliceEnd(0));
+        }
+        while let Some(t) = self.q.peek_time() {
+            if t > self.end {
+                break;
+            }
+            let (now, ev) = self.q.pop().expect("peeked");
+            match ev {
+                Ev::TxDone(p) => self.net.tx_done(&mut self.q, p, &mut self.rng),
+                Ev::Arrive(node, id) => self.arrive(now, node, id),
+                Ev::Rto { conn, gen } => {
+                    if self.conns[conn as usize].gen == gen {
+                        let mut acts = std::mem::take(&mut self.acts);
+                        self.conns[conn as usize].snd.on_timeout(now, &mut acts);
+                        self.apply(conn, &mut acts);
+                        self.acts = acts;
+                    }
+                }
+                Ev::SliceEnd(n) => self.slice_end(now, n),
+                Ev::Transmit { sender: _, frag } => self.transmit(now, frag),
+            }
+        }
+    }
+
+    fn slice_end(&mut self, now: Time, n: u64) {
+        let dst = self
+            .policy
+            .assign(n)
+            .expect("PCs never leave in this model");
+        for i in 0..self.lcm_nodes.len() as u32 {
+            let f = self
+                .bio
+                .next(&mut self.bursts[i as usize], self.slice, &mut self.rng);
+            let (bytes, suppressed) = match f {
+                Fragment::Send(b) => (b, false),
+                Fragment::Suppressed => (0, true),
+            };
+            let id = self.frags.len() as u32;
+            self.frags.push(Frag {
+                sender: i,
+                slice: n,
+                dst,
+                bytes,
+                suppressed,
+                sent: NEVER,
+                arrived: NEVER,
+                got: 0,
+            });
+            if suppressed {
+                continue;
+            }
+            let d = delay_slices(i, self.cfg.k);
+            if d == 0 {
+                self.transmit(now, id);
+            } else {
+                self.q.at(
+                    now + d * self.slice,
+                    Ev::Transmit {
+                        sender: i,
+                        frag: id,
+                    },
+                );
+            }
+        }
+        if n + 1 < self.slices {
+            self.q.at(now + self.slice, Ev::SliceEnd(n + 1));
+        }
+    }
+
+    fn transmit(&mut self, now: Time, id: u32) {
+        let f = &mut self.frags[id as usize];
+        f.sent = now;
+        let (lcm, pc, bytes) = (f.sender, f.dst, f.bytes);
+        let src = self.lcm_nodes[lcm as usize];
+        let dst = self.pc_nodes[pc as usize];
+        match self.cfg.transport {
+            Transport::Udp => {
+                let mut off = 0;
+                while off < bytes {
+                    let len = (bytes - off).min(self.cfg.mss);
+                    let pkt = self.net.pkts.alloc(Packet {
+                        kind: Kind::Udp,
+                        conn: 0,
+                        seq: id as u64,
+                        len,
+                        dst,
+                    });
+                    self.net.send(&mut self.q, src, pkt);
+                    off += len;
+                }
+                if bytes == 0 {
+                    self.frags[id as usize].arrived = now;
+                }
+            }
+            Transport::Tcp => {
+                let slot = lcm as usize * self.pc_nodes.len() + pc as usize;
+                if self.conn_of[slot] == u32::MAX {
+                    self.conn_of[slot] = self.conns.len() as u32;
+                    self.conns.push(Conn {
+                        src,
+                        dst,
+                        snd: Sender::new(self.tcp),
+                        rcv: Receiver::default(),
+                        gen: 0,
+                        bounds: VecDeque::new(),
+                        written: 0,
+                    });
+                }
+                let c = self.conn_of[slot];
+                let conn = &mut self.conns[c as usize];
+                conn.written += bytes as u64;
+                conn.bounds.push_back((conn.written, id));
+                let mut acts = std::mem::take(&mut self.acts);
+                conn.snd.write(bytes as u64, now, &mut acts);
+                self.apply(c, &mut acts);
+                self.acts = acts;
+            }
+        }
+    }
+
+    /// Carries out what a TCP sender asked for.
+    fn apply(&mut self, c: u32, acts: &mut Vec<Act>) {
+        for a in acts.drain(..) {
+            let conn = &mut self.conns[c as usize];
+            match a {
+                Act::Send { seq, len, .. } => {
+                    let (src, dst) = (conn.src, conn.dst);
+                    let pkt = self.net.pkts.alloc(Packet {
+                        kind: Kind::Data,
+                        conn: c,
+                        seq,
+                        len,
+                        dst,
+                    });
+                    self.net.send(&mut self.q, src, pkt);
+                }
+                Act::Arm(at) => {
+                    conn.gen += 1;
+                    let gen = conn.gen;
+                    self.q.at(at.max(self.q.now()), Ev::Rto { conn: c, gen });
+                }
+                Act::Disarm => conn.gen += 1,
+            }
+        }
+    }
+
+    fn arrive(&mut self, now: Time, node: NodeId, id: u32) {
+        let p = self.net.pkts.get(id).clone();
+        if p.dst != node {
+            self.net.send(&mut self.q, node, id);
+            return;
+        }
+        self.net.pkts.release(id);
+        match p.kind {
+            Kind::Udp => {
+                let f = &mut self.frags[p.seq as usize];
+                f.got += p.len;
+                if f.got >= f.bytes && f.arrived == NEVER {
+                    f.arrived = now;
+                }
+            }
+            Kind::Data => {
+                let conn = &mut self.conns[p.conn as usize];
+                let ack = conn.rcv.on_data(p.seq, p.len);
+                while let Some(&(end, fid)) = conn.bounds.front() {
+                    if end > ack {
+                        break;
+                    }
+                    conn.bounds.pop_front();
+                    self.frags[fid as usize].arrived = now;
+                }
+                let src = conn.src;
+                let pkt = self.net.pkts.alloc(Packet {
+                    kind: Kind::Ack,
+                    conn: p.conn,
+                    seq: ack,
+                    len: ACK_LEN,
+                    dst: src,
+                });
+                self.net.send(&mut self.q, node, pkt);
+            }
+            Kind::Ack => {
+                let mut acts = std::mem::take(&mut self.acts);
+                self.conns[p.conn as usize]
+                    .snd
+                    .on_ack(p.seq, now, &mut acts);
+                self.apply(p.conn, &mut acts);
+                self.acts = acts;
+            }
+        }
+    }
+
+    /// Segments sent and retransmitted over all TCP connections.
+    pub fn tcp_segments(&self) -> (u64, u64, u64) {
+        self.conns.iter().fold((0, 0, 0), |(s, r, t), c| {
+            (
+                s + c.snd.segments_sent,
+                r + c.snd.segments_retransmitted,
+                t + c.snd.timeouts,
+            )
+        })
+    }
+}
