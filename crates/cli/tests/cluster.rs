@@ -280,3 +280,46 @@ fn a_full_flp_send_buffer_drops_tfs_and_the_epn_frees_the_rest() {
         assert!(p.wait(30).success(), "{} failed", p.name);
     }
 }
+
+#[test]
+fn the_simulator_chooses_the_same_epns_as_the_runtime() {
+    use fanin_sim::{simulate, SimConfig};
+    for policy in ["round-robin", "static-modulo"] {
+        let dir = tempfile::tempdir().unwrap();
+        let icn = start_icn(
+            dir.path(),
+            &format!("flps = 1\nepns = 3\nrate_hz = 200\ntfs = 30\nstf_size = \"4KiB\"\npolicy = \"{policy}\"\n{BASE}"),
+            "127.0.0.1:0",
+        );
+        let mut nodes: Vec<Proc> = (0..3)
+            .map(|i| spawn_epn(dir.path(), icn.control, i, &[]))
+            .collect();
+        nodes.push(spawn_flp(dir.path(), icn.control, 0));
+        let (st, _, results) = icn.finish(60);
+        assert!(st.success());
+        let t = std::fs::read_to_string(results.join("tfs.csv")).unwrap();
+        let mut runtime: Vec<(u64, u32)> = t
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (f[0].parse().unwrap(), f[1].parse().unwrap())
+            })
+            .collect();
+        runtime.sort_unstable();
+        let w = simulate(SimConfig {
+            strings: 1,
+            sectors_per_string: 1,
+            lcms_per_sector: 1,
+            pcs: Some(3),
+            policy: policy.parse().unwrap(),
+            duration_s: 0.3,
+            relax_s: 0.1,
+            ..SimConfig::default()
+        })
+        .unwrap();
+        let sim: Vec<(u64, u32)> = w.frags.iter().map(|f| (f.slice, f.dst)).collect();
+        assert_eq!(sim.len(), 30);
+        assert_eq!(runtime, sim, "{policy}: runtime and simulator disagree");
+    }
+}
