@@ -1,5 +1,6 @@
 //! The packet network: nodes joined by one-way ports (output-buffered, drop-tail queue,
 //! serialisation at the link rate, propagation delay, optional bit errors), and routes.
+//! A FIFO port knows each packet's departure when it is queued, so no event marks it.
 
 use std::collections::VecDeque;
 
@@ -52,11 +53,12 @@ pub struct Port {
     pub limit: Limit,
     /// Probability that one bit is damaged (the packet is then discarded on arrival).
     pub ber: f64,
-    /// The packet being serialised onto the wire.
-    in_service: Option<PktId>,
-    /// Packets waiting behind it; the queue limit applies to these.
-    queue: VecDeque<PktId>,
+    /// Packets in the port (the one on the wire first): (departure time, wire bytes).
+    queue: VecDeque<(Time, u32)>,
+    /// Wire bytes of the packets in `queue`.
     queued_bytes: u64,
+    /// When the last queued packet leaves.
+    busy_until: Time,
     pub drops: u64,
     pub sent_packets: u64,
     pub sent_bytes: u64,
@@ -64,16 +66,33 @@ pub struct Port {
 }
 
 impl Port {
-    fn fits(&self, bytes: u64) -> bool {
-        match self.limit {
-            Limit::Packets(n) => self.queue.len() < n,
-            Limit::Bytes(b) => self.queued_bytes + bytes <= b,
+    /// Forgets the packets that left by `now`.
+    fn advance(&mut self, now: Time) {
+        while let Some(&(dep, b)) = self.queue.front() {
+            if dep > now {
+                break;
+            }
+            self.queue.pop_front();
+            self.queued_bytes -= b as u64;
         }
     }
 
-    /// Packets waiting (not counting the one on the wire).
-    pub fn waiting(&self) -> usize {
-        self.queue.len()
+    /// Whether a packet of `bytes` may wait: the limit counts the packets waiting
+    /// behind the one on the wire (the head of the queue).
+    fn fits(&self, bytes: u64) -> bool {
+        let Some(&(_, head)) = self.queue.front() else {
+            return true; // idle: it goes straight onto the wire
+        };
+        match self.limit {
+            Limit::Packets(n) => self.queue.len() - 1 < n,
+            Limit::Bytes(b) => self.queued_bytes - head as u64 + bytes <= b,
+        }
+    }
+
+    /// Packets waiting at `now` (not counting the one on the wire).
+    pub fn waiting(&mut self, now: Time) -> usize {
+        self.advance(now);
+        self.queue.len().saturating_sub(1)
     }
 
     pub fn serialisation(&self, bytes: u64) -> Time {
@@ -174,9 +193,9 @@ impl Builder {
                     delay,
                     limit,
                     ber,
-                    in_service: None,
                     queue: VecDeque::new(),
                     queued_bytes: 0,
+                    busy_until: 0,
                     drops: 0,
                     sent_packets: 0,
                     sent_bytes: 0,
@@ -240,37 +259,41 @@ impl Net {
     }
 
     /// Sends packet `id` out of `node` towards its destination; false if dropped.
-    pub fn send(&mut self, q: &mut Queue<Ev>, node: NodeId, id: PktId) -> bool {
+    pub fn send(
+        &mut self,
+        q: &mut Queue<Ev>,
+        node: NodeId,
+        id: PktId,
+        rng: &mut impl rand::Rng,
+    ) -> bool {
         let dst = self.pkts.get(id).dst;
         let port = self.next_port(node, dst);
-        self.enqueue(q, port, id)
+        self.enqueue(q, port, id, rng)
     }
 
-    /// Drop-tail enqueue; starts transmission if the port is idle.
-    pub fn enqueue(&mut self, q: &mut Queue<Ev>, port: PortId, id: PktId) -> bool {
+    /// Drop-tail enqueue. An accepted packet's departure is fixed now (FIFO, work
+    /// conserving), so its arrival at the next node is scheduled at once.
+    pub fn enqueue(
+        &mut self,
+        q: &mut Queue<Ev>,
+        port: PortId,
+        id: PktId,
+        rng: &mut impl rand::Rng,
+    ) -> bool {
+        let now = q.now();
         let bytes = self.pkts.get(id).wire_bytes();
         let p = &mut self.ports[port as usize];
-        if p.in_service.is_none() {
-            p.in_service = Some(id);
-            q.after(p.serialisation(bytes), Ev::TxDone(port));
-            return true;
-        }
+        p.advance(now);
         if !p.fits(bytes) {
             p.drops += 1;
             self.pkts.release(id);
             return false;
         }
-        p.queue.push_back(id);
+        let depart = p.busy_until.max(now) + p.serialisation(bytes);
+        p.busy_until = depart;
+        p.queue.push_back((depart, bytes as u32));
         p.queued_bytes += bytes;
-        p.max_queue = p.max_queue.max(p.queue.len());
-        true
-    }
-
-    /// The packet in service is on the wire: it arrives after the delay; the next starts.
-    pub fn tx_done(&mut self, q: &mut Queue<Ev>, port: PortId, rng: &mut impl rand::Rng) {
-        let p = &mut self.ports[port as usize];
-        let id = p.in_service.take().expect("TxDone on an idle port");
-        let bytes = self.pkts.get(id).wire_bytes();
+        p.max_queue = p.max_queue.max(p.queue.len() - 1);
         p.sent_packets += 1;
         p.sent_bytes += bytes;
         let damaged =
@@ -279,15 +302,9 @@ impl Net {
             self.corrupted += 1;
             self.pkts.release(id);
         } else {
-            q.after(p.delay, Ev::Arrive(p.to, id));
+            q.at(depart + p.delay, Ev::Arrive(p.to, id));
         }
-        let p = &mut self.ports[port as usize];
-        if let Some(next) = p.queue.pop_front() {
-            let nb = self.pkts.get(next).wire_bytes();
-            p.queued_bytes -= nb;
-            p.in_service = Some(next);
-            q.after(p.serialisation(nb), Ev::TxDone(port));
-        }
+        true
     }
 
     pub fn total_drops(&self) -> u64 {

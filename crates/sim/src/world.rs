@@ -37,7 +37,12 @@ struct Conn {
     dst: NodeId,
     snd: Sender,
     rcv: Receiver,
+    /// Identifies the one pending timer event; older ones are stale.
     gen: u32,
+    /// When the retransmission timer is due, if armed.
+    deadline: Option<Time>,
+    /// Time of the pending timer event, if one is queued.
+    pending: Option<Time>,
     /// Fragments in this byte stream: (end offset, fragment id).
     bounds: VecDeque<(u64, u32)>,
     written: u64,
@@ -163,6 +168,10 @@ impl World {
     pub fn events(&self) -> u64 {
         self.q.processed
     }
+    /// Most events queued at once.
+    pub fn queue_peak(&self) -> usize {
+        self.q.peak
+    }
     pub fn end_time(&self) -> Time {
         self.end
     }
@@ -178,63 +187,55 @@ impl World {
             }
             let (now, ev) = self.q.pop().expect("peeked");
             match ev {
-                Ev::TxDone(p) => self.net.tx_done(&mut self.q, p, &mut self.rng),
                 Ev::Arrive(node, id) => self.arrive(now, node, id),
-                Ev::Rto { conn, gen } => {
-                    if self.conns[conn as usize].gen == gen {
-                        let mut acts = std::mem::take(&mut self.acts);
-                        self.conns[conn as usize].snd.on_timeout(now, &mut acts);
-                        self.apply(conn, &mut acts);
-                        self.acts = acts;
-                    }
-                }
+                Ev::Rto { conn, gen } => self.timer(now, conn, gen),
                 Ev::SliceEnd(n) => self.slice_end(now, n),
-                Ev::Transmit { sender: _, frag } => self.transmit(now, frag),
             }
         }
     }
 
+    /// Slice `n` ends: every LCM produces its fragment of `n`; each LCM whose delay is
+    /// `d` slices sends its fragment of slice `n - d` (barrel shifting).
     fn slice_end(&mut self, now: Time, n: u64) {
-        let dst = self
-            .policy
-            .assign(n)
-            .expect("PCs never leave in this model");
-        for i in 0..self.lcm_nodes.len() as u32 {
-            let f = self
-                .bio
-                .next(&mut self.bursts[i as usize], self.slice, &mut self.rng);
-            let (bytes, suppressed) = match f {
-                Fragment::Send(b) => (b, false),
-                Fragment::Suppressed => (0, true),
-            };
-            let id = self.frags.len() as u32;
-            self.frags.push(Frag {
-                sender: i,
-                slice: n,
-                dst,
-                bytes,
-                suppressed,
-                sent: NEVER,
-                arrived: NEVER,
-                got: 0,
-            });
-            if suppressed {
-                continue;
-            }
-            let d = delay_slices(i, self.cfg.k);
-            if d == 0 {
-                self.transmit(now, id);
-            } else {
-                self.q.at(
-                    now + d * self.slice,
-                    Ev::Transmit {
-                        sender: i,
-                        frag: id,
-                    },
-                );
+        let lcms = self.lcm_nodes.len() as u64;
+        if n < self.slices {
+            let dst = self
+                .policy
+                .assign(n)
+                .expect("PCs never leave in this model");
+            for i in 0..lcms as u32 {
+                let f = self
+                    .bio
+                    .next(&mut self.bursts[i as usize], self.slice, &mut self.rng);
+                let (bytes, suppressed) = match f {
+                    Fragment::Send(b) => (b, false),
+                    Fragment::Suppressed => (0, true),
+                };
+                debug_assert_eq!(self.frags.len() as u64, n * lcms + i as u64);
+                self.frags.push(Frag {
+                    sender: i,
+                    slice: n,
+                    dst,
+                    bytes,
+                    suppressed,
+                    sent: NEVER,
+                    arrived: NEVER,
+                    got: 0,
+                });
             }
         }
-        if n + 1 < self.slices {
+        let mut more = false;
+        for i in 0..lcms as u32 {
+            let d = delay_slices(i, self.cfg.k);
+            if let Some(s) = n.checked_sub(d).filter(|&s| s < self.slices) {
+                let id = (s * lcms + i as u64) as u32;
+                if !self.frags[id as usize].suppressed {
+                    self.transmit(now, id);
+                }
+            }
+            more |= n < d + self.slices - 1;
+        }
+        if more {
             self.q.at(now + self.slice, Ev::SliceEnd(n + 1));
         }
     }
@@ -257,7 +258,7 @@ impl World {
                         len,
                         dst,
                     });
-                    self.net.send(&mut self.q, src, pkt);
+                    self.net.send(&mut self.q, src, pkt, &mut self.rng);
                     off += len;
                 }
                 if bytes == 0 {
@@ -274,6 +275,8 @@ impl World {
                         snd: Sender::new(self.tcp),
                         rcv: Receiver::default(),
                         gen: 0,
+                        deadline: None,
+                        pending: None,
                         bounds: VecDeque::new(),
                         written: 0,
                     });
@@ -304,14 +307,46 @@ impl World {
                         len,
                         dst,
                     });
-                    self.net.send(&mut self.q, src, pkt);
+                    self.net.send(&mut self.q, src, pkt, &mut self.rng);
                 }
                 Act::Arm(at) => {
-                    conn.gen += 1;
-                    let gen = conn.gen;
-                    self.q.at(at.max(self.q.now()), Ev::Rto { conn: c, gen });
+                    let at = at.max(self.q.now());
+                    conn.deadline = Some(at);
+                    // Re-arming moves the deadline; keep one queued event per
+                    // connection (it re-schedules itself when it fires early).
+                    if conn.pending.is_none_or(|p| p > at) {
+                        conn.gen += 1;
+                        conn.pending = Some(at);
+                        let gen = conn.gen;
+                        self.q.at(at, Ev::Rto { conn: c, gen });
+                    }
                 }
-                Act::Disarm => conn.gen += 1,
+                Act::Disarm => conn.deadline = None,
+            }
+        }
+    }
+
+    /// The pending timer event of `c` fired: time out, or wait for the moved deadline.
+    fn timer(&mut self, now: Time, c: u32, gen: u32) {
+        let conn = &mut self.conns[c as usize];
+        if conn.gen != gen {
+            return; // superseded by an earlier event
+        }
+        conn.pending = None;
+        match conn.deadline {
+            None => {}
+            Some(d) if d > now => {
+                conn.gen += 1;
+                conn.pending = Some(d);
+                let gen = conn.gen;
+                self.q.at(d, Ev::Rto { conn: c, gen });
+            }
+            Some(_) => {
+                conn.deadline = None;
+                let mut acts = std::mem::take(&mut self.acts);
+                conn.snd.on_timeout(now, &mut acts);
+                self.apply(c, &mut acts);
+                self.acts = acts;
             }
         }
     }
@@ -319,7 +354,7 @@ impl World {
     fn arrive(&mut self, now: Time, node: NodeId, id: u32) {
         let p = self.net.pkts.get(id).clone();
         if p.dst != node {
-            self.net.send(&mut self.q, node, id);
+            self.net.send(&mut self.q, node, id, &mut self.rng);
             return;
         }
         self.net.pkts.release(id);
@@ -349,7 +384,7 @@ impl World {
                     len: ACK_LEN,
                     dst: src,
                 });
-                self.net.send(&mut self.q, node, pkt);
+                self.net.send(&mut self.q, node, pkt, &mut self.rng);
             }
             Kind::Ack => {
                 let mut acts = std::mem::take(&mut self.acts);
