@@ -16,6 +16,15 @@ use crate::orchestrate;
 pub enum BenchCmd {
     /// fanin goodput vs iperf3 single-stream goodput on loopback (unthrottled TFs).
     Throughput(ThroughputArgs),
+    /// Simulator speed: events/s of the ANTARES 10-string model vs the bare event queue.
+    Sim(SimBenchArgs),
+}
+
+#[derive(Args)]
+pub struct SimBenchArgs {
+    /// Simulated seconds of the 10-string model (TCP, delayed transmission k=8).
+    #[arg(long, default_value_t = 60.0)]
+    pub seconds: f64,
 }
 
 #[derive(Args)]
@@ -40,7 +49,68 @@ pub struct ThroughputArgs {
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
     match cmd {
         BenchCmd::Throughput(a) => throughput(a).await,
+        BenchCmd::Sim(a) => sim_speed(a),
     }
+}
+
+/// The bare event queue in a hold model: `pending` events, each pop schedules one more
+/// at a pseudo-random later time. Returns events per second.
+fn queue_reference(events: u64, pending: u64) -> f64 {
+    use fanin_sim::engine::Queue;
+    let mut q: Queue<u64> = Queue::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let next = |x: &mut u64| {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x % 2_000_000
+    };
+    for i in 0..pending {
+        q.at(next(&mut x), i);
+    }
+    let t = std::time::Instant::now();
+    for _ in 0..events {
+        let (_, e) = q.pop().expect("hold model keeps events");
+        let d = next(&mut x);
+        q.after(d, e);
+    }
+    events as f64 / t.elapsed().as_secs_f64()
+}
+
+fn sim_speed(a: SimBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.seconds > 0.0, "--seconds must be positive");
+    let cfg = fanin_sim::SimConfig {
+        preset: Some("antares-10-string".into()),
+        k: Some(8),
+        duration_s: a.seconds,
+        ..fanin_sim::SimConfig::default()
+    };
+    println!(
+        "fanin bench sim: ANTARES 10-string, TCP, delayed transmission k=8, {} simulated s (+{} s relaxation)",
+        a.seconds, cfg.relax_s
+    );
+    let reference = queue_reference(20_000_000, 10_000);
+    println!(
+        "reference: bare event queue (hold model, 10000 pending): {:.1} M events/s",
+        reference / 1e6
+    );
+    let t = std::time::Instant::now();
+    let w = fanin_sim::simulate(cfg).map_err(|e| anyhow::anyhow!(e))?;
+    let wall = t.elapsed().as_secs_f64();
+    let eps = w.events() as f64 / wall;
+    let simulated = w.end_time() as f64 / 1e9;
+    println!(
+        "model: {} events in {wall:.2} s wall = {:.1} M events/s ({:.2} of the bare queue)",
+        w.events(),
+        eps / 1e6,
+        eps / reference
+    );
+    println!(
+        "simulated {simulated:.1} s in {wall:.2} s wall: {:.2} simulated s per wall s (target >= 1: 60 s in <= 60 s)",
+        simulated / wall
+    );
+    println!("{}", fanin_sim::SimSummary::of(&w).line());
+    Ok(())
 }
 
 fn free_port() -> anyhow::Result<u16> {
