@@ -33,6 +33,9 @@ pub struct SimArgs {
     pub ber: Option<f64>,
     #[arg(long)]
     pub min_rto_ms: Option<f64>,
+    /// Uniform random send delay per fragment, in microseconds (0 = synchronised).
+    #[arg(long)]
+    pub jitter_us: Option<f64>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// Run only the rows with these labels (comma separated).
@@ -76,6 +79,9 @@ impl SimArgs {
         }
         if let Some(v) = self.min_rto_ms {
             c.min_rto_ms = v;
+        }
+        if let Some(v) = self.jitter_us {
+            c.jitter_us = v;
         }
         if let Some(v) = self.seed {
             c.seed = v;

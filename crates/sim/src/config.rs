@@ -39,6 +39,8 @@ pub struct SimConfig {
     pub transport: Transport,
     pub mss: u32,
     pub min_rto_ms: f64,
+    /// Restart slow start after an idle period longer than the RTO (RFC 5681 §4.1).
+    pub slow_start_restart: bool,
     /// Delayed transmission group size; absent = direct transmission.
     pub k: Option<u32>,
     pub policy: PolicyKind,
@@ -46,6 +48,9 @@ pub struct SimConfig {
     /// Fragment size without bioluminescence.
     pub fragment_bytes: u32,
     pub bio: Bio,
+    /// Each fragment leaves its sender after a uniform random delay in [0, jitter]
+    /// (sender software timing); 0 = perfectly synchronised senders.
+    pub jitter_us: f64,
     pub duration_s: f64,
     /// Time after the last slice for late fragments to arrive.
     pub relax_s: f64,
@@ -72,11 +77,13 @@ impl Default for SimConfig {
             transport: Transport::Tcp,
             mss: 1460,
             min_rto_ms: 200.0,
+            slow_start_restart: true,
             k: None,
             policy: PolicyKind::StaticModulo,
             slice_ms: 10.0,
             fragment_bytes: 30_000,
             bio: Bio::None,
+            jitter_us: 0.0,
             duration_s: 60.0,
             relax_s: 10.0,
             seed: 1,
@@ -123,6 +130,7 @@ impl SimConfig {
             ("shore_delay_us", self.shore_delay_us),
             ("pc_delay_us", self.pc_delay_us),
             ("relax_s", self.relax_s),
+            ("jitter_us", self.jitter_us),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("`{n}` must be zero or positive, not {v}"));

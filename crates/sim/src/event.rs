@@ -11,4 +11,6 @@ pub enum Ev {
     /// Time slice `n` ends: every sender has a fragment for it, and the senders whose
     /// delay is due transmit an earlier one.
     SliceEnd(u64),
+    /// A fragment leaves its sender after a random send jitter.
+    Transmit(u32),
 }

@@ -16,6 +16,9 @@ pub struct TcpParams {
     pub max_rto: Time,
     /// Initial congestion window in segments.
     pub initial_cwnd: u32,
+    /// RFC 5681 §4.1: after more than an RTO without sending, restart from the
+    /// initial window (NS-2's `slow_start_restart_`, Linux's `tcp_slow_start_after_idle`).
+    pub slow_start_restart: bool,
 }
 
 impl Default for TcpParams {
@@ -26,6 +29,7 @@ impl Default for TcpParams {
             initial_rto: SEC,
             max_rto: 60 * SEC,
             initial_cwnd: 2,
+            slow_start_restart: true,
         }
     }
 }
@@ -61,6 +65,8 @@ pub struct Sender {
     rto: Time,
     /// Segment timed for an RTT sample: (its end, sent at).
     timing: Option<(u64, Time)>,
+    /// When a segment was last sent.
+    last_send: Option<Time>,
     pub segments_sent: u64,
     pub segments_retransmitted: u64,
     pub timeouts: u64,
@@ -83,6 +89,7 @@ impl Sender {
             rttvar: 0.0,
             rto: p.initial_rto,
             timing: None,
+            last_send: None,
             segments_sent: 0,
             segments_retransmitted: 0,
             timeouts: 0,
@@ -107,6 +114,11 @@ impl Sender {
 
     /// The application writes `bytes` more.
     pub fn write(&mut self, bytes: u64, now: Time, out: &mut Vec<Act>) {
+        let idle = self.snd_una == self.snd_max;
+        if self.p.slow_start_restart && idle && self.last_send.is_some_and(|t| now - t > self.rto) {
+            let iw = (self.p.initial_cwnd * self.p.mss) as f64;
+            self.cwnd = self.cwnd.min(iw);
+        }
         self.app_end += bytes;
         self.pump(now, out);
     }
@@ -124,6 +136,7 @@ impl Sender {
             self.timing = Some((seq + len as u64, now));
         }
         self.segments_sent += 1;
+        self.last_send = Some(now);
         out.push(Act::Send { seq, len, retx });
         len as u64
     }
@@ -379,6 +392,36 @@ mod tests {
         s.write(100, 0, &mut out);
         s.on_ack(100, 100 * crate::engine::US, &mut out);
         assert_eq!(s.rto(), 200 * MS);
+    }
+
+    #[test]
+    fn an_idle_connection_restarts_from_the_initial_window() {
+        let mut s = Sender::new(p());
+        let mut out = vec![];
+        s.write(1000, 0, &mut out);
+        for a in 1..=10 {
+            s.on_ack(a * 100, MS, &mut out);
+        }
+        assert!(s.cwnd() > 800.0);
+        // Idle for less than an RTO: the window stays.
+        s.write(100, MS + s.rto() / 2, &mut out);
+        assert!(s.cwnd() > 800.0);
+        s.on_ack(1100, 2 * MS + s.rto() / 2, &mut out);
+        // Idle for more than an RTO: back to the initial window.
+        let later = 10 * SEC;
+        s.write(100, later, &mut out);
+        assert_eq!(s.cwnd(), 200.0);
+        let mut s2 = Sender::new(TcpParams {
+            slow_start_restart: false,
+            ..p()
+        });
+        s2.write(1000, 0, &mut out);
+        for a in 1..=10 {
+            s2.on_ack(a * 100, MS, &mut out);
+        }
+        let w = s2.cwnd();
+        s2.write(100, later, &mut out);
+        assert_eq!(s2.cwnd(), w);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use fanin_sched::Policy;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 use crate::config::{SimConfig, Transport};
 use crate::engine::{Queue, Time, MS, SEC, US};
@@ -66,6 +66,7 @@ pub struct World {
     tcp: TcpParams,
     acts: Vec<Act>,
     end: Time,
+    jitter: Time,
 }
 
 fn bps(mbps: f64) -> u64 {
@@ -135,6 +136,7 @@ impl World {
         let tcp = TcpParams {
             mss: cfg.mss,
             min_rto: (cfg.min_rto_ms * MS as f64).round() as Time,
+            slow_start_restart: cfg.slow_start_restart,
             ..TcpParams::default()
         };
         let end = slices * slice + (cfg.relax_s * SEC as f64).round() as Time;
@@ -153,6 +155,7 @@ impl World {
             tcp,
             acts: Vec::new(),
             end,
+            jitter: us(cfg.jitter_us),
             cfg,
             q: Queue::new(),
             net,
@@ -190,6 +193,7 @@ impl World {
                 Ev::Arrive(node, id) => self.arrive(now, node, id),
                 Ev::Rto { conn, gen } => self.timer(now, conn, gen),
                 Ev::SliceEnd(n) => self.slice_end(now, n),
+                Ev::Transmit(id) => self.transmit(now, id),
             }
         }
     }
@@ -230,7 +234,12 @@ impl World {
             if let Some(s) = n.checked_sub(d).filter(|&s| s < self.slices) {
                 let id = (s * lcms + i as u64) as u32;
                 if !self.frags[id as usize].suppressed {
-                    self.transmit(now, id);
+                    if self.jitter > 0 {
+                        let j = self.rng.gen_range(0..=self.jitter);
+                        self.q.at(now + j, Ev::Transmit(id));
+                    } else {
+                        self.transmit(now, id);
+                    }
                 }
             }
             more |= n < d + self.slices - 1;
