@@ -29,6 +29,12 @@ pub struct SimArgs {
     pub duration: Option<f64>,
     #[arg(long)]
     pub fragment_bytes: Option<u32>,
+    /// Fragment size model: uniform(MIN,MAX), sine(MEAN,AMPL,PERIOD), random(MEAN,SPREAD).
+    #[arg(long)]
+    pub fragment_size: Option<String>,
+    /// Also write fragments.csv: one row per fragment (large at full scale).
+    #[arg(long)]
+    pub fragments_csv: bool,
     #[arg(long)]
     pub ber: Option<f64>,
     #[arg(long)]
@@ -73,6 +79,9 @@ impl SimArgs {
         }
         if let Some(v) = self.fragment_bytes {
             c.fragment_bytes = v;
+        }
+        if let Some(v) = &self.fragment_size {
+            c.fragment_size = Some(v.clone());
         }
         if let Some(v) = self.ber {
             c.ber = v;
@@ -128,7 +137,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     let mut done: Vec<(sim_report::Run, SimSummary)> = Vec::new();
     for r in &exp.runs {
         let dir = root.join(sim_report::sanitize(&r.label));
-        let s = sim_report::run_one(r, &dir)?;
+        let s = sim_report::run_one(r, &dir, a.fragments_csv)?;
         println!("[{}] {}", r.label, s.line());
         done.push((r.clone(), s));
     }

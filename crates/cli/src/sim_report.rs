@@ -140,7 +140,7 @@ pub fn sanitize(s: &str) -> String {
 }
 
 /// Runs one simulation and writes its files into `dir`.
-pub fn run_one(r: &Run, dir: &Path) -> anyhow::Result<SimSummary> {
+pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSummary> {
     let w =
         fanin_sim::simulate(r.cfg.clone()).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
     let s = SimSummary::of(&w);
@@ -175,6 +175,43 @@ pub fn run_one(r: &Run, dir: &Path) -> anyhow::Result<SimSummary> {
         );
     }
     std::fs::write(dir.join("slices.csv"), csv)?;
+    if fragments_csv {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join("fragments.csv"))?);
+        use std::io::Write;
+        writeln!(
+            out,
+            "slice,sender,pc,bytes,suppressed,sent_s,arrived_s,delay_s,retransmitted_segments,lost"
+        )?;
+        let t = |v: u64| {
+            if v == NEVER {
+                String::new()
+            } else {
+                format!("{:.9}", v as f64 / 1e9)
+            }
+        };
+        for f in &w.frags {
+            let delay = if f.sent != NEVER && f.arrived != NEVER {
+                t(f.arrived - f.sent)
+            } else {
+                String::new()
+            };
+            writeln!(
+                out,
+                "{},{},{},{},{},{},{},{},{},{}",
+                f.slice,
+                f.sender,
+                f.dst,
+                f.bytes,
+                f.suppressed,
+                t(f.sent),
+                t(f.arrived),
+                delay,
+                f.retx,
+                !f.suppressed && f.sent != NEVER && f.arrived == NEVER
+            )?;
+        }
+        out.flush()?;
+    }
     std::fs::write(dir.join("delay.svg"), delay_plot(&w, &r.label))?;
     Ok(s)
 }

@@ -47,6 +47,9 @@ pub struct SimConfig {
     pub slice_ms: f64,
     /// Fragment size without bioluminescence.
     pub fragment_bytes: u32,
+    /// A size model instead (as the runtime's STF sizes): `uniform(20000,40000)`,
+    /// `sine(MEAN,AMPL,PERIOD)`, `random(MEAN,SPREAD)`; overrides `fragment_bytes`.
+    pub fragment_size: Option<String>,
     pub bio: Bio,
     /// Each fragment leaves its sender after a uniform random delay in [0, jitter]
     /// (sender software timing); 0 = perfectly synchronised senders.
@@ -82,6 +85,7 @@ impl Default for SimConfig {
             policy: PolicyKind::StaticModulo,
             slice_ms: 10.0,
             fragment_bytes: 30_000,
+            fragment_size: None,
             bio: Bio::None,
             jitter_us: 0.0,
             duration_s: 60.0,
@@ -155,6 +159,19 @@ impl SimConfig {
         }
         if self.queue_packets == 0 || self.queue_bytes == Some(0) {
             return Err("queue limits must be at least 1".into());
+        }
+        if let Some(m) = &self.fragment_size {
+            let size: fanin_sched::StfSize =
+                m.parse().map_err(|e| format!("`fragment_size`: {e}"))?;
+            if size.max() > 100_000_000 {
+                return Err(format!(
+                    "`fragment_size`: largest fragment {} is over 100 MB",
+                    size.max()
+                ));
+            }
+            if self.bio != Bio::None {
+                return Err("`fragment_size` and `bio` cannot be combined".into());
+            }
         }
         if self.k == Some(0) {
             return Err("`k` must be at least 1".into());

@@ -28,6 +28,8 @@ pub struct Frag {
     pub suppressed: bool,
     pub sent: Time,
     pub arrived: Time,
+    /// TCP segments of this fragment sent again.
+    pub retx: u32,
     /// UDP: payload bytes received so far.
     got: u32,
 }
@@ -43,8 +45,10 @@ struct Conn {
     deadline: Option<Time>,
     /// Time of the pending timer event, if one is queued.
     pending: Option<Time>,
-    /// Fragments in this byte stream: (end offset, fragment id).
+    /// Fragments in this byte stream not yet delivered: (end offset, fragment id).
     bounds: VecDeque<(u64, u32)>,
+    /// Fragments not yet acknowledged to the sender (to charge retransmissions).
+    unacked: VecDeque<(u64, u32)>,
     written: u64,
 }
 
@@ -67,6 +71,8 @@ pub struct World {
     acts: Vec<Act>,
     end: Time,
     jitter: Time,
+    /// Fragment size model from `crates/sched`, if configured.
+    sizes: Option<fanin_sched::StfSize>,
 }
 
 fn bps(mbps: f64) -> u64 {
@@ -133,6 +139,10 @@ impl World {
         if cfg.bio == crate::workload::Bio::None {
             bio.normal = cfg.fragment_bytes;
         }
+        let sizes = cfg.fragment_size.as_ref().map(|m| {
+            m.parse::<fanin_sched::StfSize>()
+                .expect("checked by resolve")
+        });
         let tcp = TcpParams {
             mss: cfg.mss,
             min_rto: (cfg.min_rto_ms * MS as f64).round() as Time,
@@ -156,6 +166,7 @@ impl World {
             acts: Vec::new(),
             end,
             jitter: us(cfg.jitter_us),
+            sizes,
             cfg,
             q: Queue::new(),
             net,
@@ -208,9 +219,12 @@ impl World {
                 .assign(n)
                 .expect("PCs never leave in this model");
             for i in 0..lcms as u32 {
-                let f = self
-                    .bio
-                    .next(&mut self.bursts[i as usize], self.slice, &mut self.rng);
+                let f = match self.sizes {
+                    Some(m) => Fragment::Send(m.sample(self.cfg.seed, i, n) as u32),
+                    None => self
+                        .bio
+                        .next(&mut self.bursts[i as usize], self.slice, &mut self.rng),
+                };
                 let (bytes, suppressed) = match f {
                     Fragment::Send(b) => (b, false),
                     Fragment::Suppressed => (0, true),
@@ -224,6 +238,7 @@ impl World {
                     suppressed,
                     sent: NEVER,
                     arrived: NEVER,
+                    retx: 0,
                     got: 0,
                 });
             }
@@ -287,6 +302,7 @@ impl World {
                         deadline: None,
                         pending: None,
                         bounds: VecDeque::new(),
+                        unacked: VecDeque::new(),
                         written: 0,
                     });
                 }
@@ -294,6 +310,7 @@ impl World {
                 let conn = &mut self.conns[c as usize];
                 conn.written += bytes as u64;
                 conn.bounds.push_back((conn.written, id));
+                conn.unacked.push_back((conn.written, id));
                 let mut acts = std::mem::take(&mut self.acts);
                 conn.snd.write(bytes as u64, now, &mut acts);
                 self.apply(c, &mut acts);
@@ -307,7 +324,17 @@ impl World {
         for a in acts.drain(..) {
             let conn = &mut self.conns[c as usize];
             match a {
-                Act::Send { seq, len, .. } => {
+                Act::Send { seq, len, retx } => {
+                    if retx {
+                        // Charge the fragment that holds this byte.
+                        let snd_una = conn.snd.acked();
+                        while conn.unacked.front().is_some_and(|&(end, _)| end <= snd_una) {
+                            conn.unacked.pop_front();
+                        }
+                        if let Some(&(_, f)) = conn.unacked.iter().find(|&&(end, _)| end > seq) {
+                            self.frags[f as usize].retx += 1;
+                        }
+                    }
                     let (src, dst) = (conn.src, conn.dst);
                     let pkt = self.net.pkts.alloc(Packet {
                         kind: Kind::Data,

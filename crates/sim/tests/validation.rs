@@ -86,6 +86,10 @@ fn incast_collapses_with_a_200ms_min_rto_and_recovers_with_200us() {
         fast.line(),
         slow.line()
     );
+    // Every retransmitted segment is charged to exactly one fragment.
+    for s in [&slow, &fast] {
+        assert!(s.segments_retransmitted > 0);
+    }
     // Two senders fit the buffer nearly always: no collapse.
     let few = incast(2, 200.0);
     assert!(few.delay_avg_s < 0.05, "{}", few.line());
@@ -142,4 +146,26 @@ fn the_same_seed_gives_the_same_run_byte_for_byte() {
     let c = simulate(SimConfig { seed: 43, ..cfg }).unwrap();
     let sizes = |w: &fanin_sim::World| -> Vec<u32> { w.frags.iter().map(|f| f.bytes).collect() };
     assert_ne!(sizes(&a), sizes(&c));
+}
+
+#[test]
+fn retransmissions_are_charged_to_fragments_and_sizes_can_follow_a_model() {
+    let cfg = SimConfig {
+        preset: Some("antares-2-string".into()),
+        fragment_size: Some("uniform(10000,50000)".into()),
+        duration_s: 2.0,
+        relax_s: 2.0,
+        ..SimConfig::default()
+    };
+    let w = simulate(cfg.clone()).unwrap();
+    let s = SimSummary::of(&w);
+    let per_fragment: u64 = w.frags.iter().map(|f| f.retx as u64).sum();
+    assert!(s.segments_retransmitted > 0, "{}", s.line());
+    assert_eq!(per_fragment, s.segments_retransmitted);
+    // Sizes follow the model, exactly as the runtime would draw them.
+    let model: fanin_sched::StfSize = "uniform(10000,50000)".parse().unwrap();
+    for f in &w.frags {
+        assert!((10_000..=50_000).contains(&f.bytes));
+        assert_eq!(f.bytes as u64, model.sample(cfg.seed, f.sender, f.slice));
+    }
 }
