@@ -346,29 +346,7 @@ pub fn table(rows: &[(Run, SimSummary)]) -> String {
         c.push(s.tfs_incomplete.to_string());
         cells.push(c);
     }
-    let widths: Vec<usize> = (0..cells[0].len())
-        .map(|i| cells.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for (k, row) in cells.iter().enumerate() {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i == 0 {
-                    format!("{c:<w$}", w = widths[i])
-                } else {
-                    format!("{c:>w$}", w = widths[i])
-                }
-            })
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  "));
-        if k == 0 {
-            let total: usize = widths.iter().sum::<usize>() + 2 * (widths.len() - 1);
-            let _ = writeln!(out, "{}", "-".repeat(total));
-        }
-    }
-    out
+    crate::table::align(&cells)
 }
 
 pub fn csv(rows: &[(Run, SimSummary)]) -> String {

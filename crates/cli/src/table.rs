@@ -129,6 +129,12 @@ pub fn render(rows: &[RunRow]) -> String {
         }
         cells.push(c);
     }
+    align(&cells)
+}
+
+/// Aligns rows of cells: the first column left, the others right, a rule under the
+/// header row.
+pub fn align(cells: &[Vec<String>]) -> String {
     let widths: Vec<usize> = (0..cells[0].len())
         .map(|i| cells.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();

@@ -7,6 +7,7 @@ pub mod conn;
 pub mod epn;
 pub mod flp;
 pub mod icn;
+pub mod join;
 pub mod metrics;
 
 pub use config::RunConfig;

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fanin_proto::{Message, NodeStats, Register, Role, MAX_CONTROL_BODY};
-use tokio::io::BufReader;
+use fanin_proto::{Message, Role, MAX_CONTROL_BODY};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::budget::ByteBudget;
 use crate::config::check_prepare;
-use crate::conn::{connect_retry, read_frame, read_frame_within, spawn_writer};
+use crate::conn::read_frame;
+use crate::join::{join, lost_icn};
 use crate::metrics::{self, Metrics};
 use builder::{Arrival, Builder, Out};
 use receiver::{BufPool, BuildEvent, DataCtx};
@@ -49,43 +49,32 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
         let a = metrics::serve(b, metrics.clone()).await?;
         tracing::info!("EPN metrics on http://{a}/metrics");
     }
-    let mut ctl = connect_retry(
+    let joined = join(
+        Role::Epn,
         opts.icn,
         opts.control_bind,
+        opts.id,
         opts.connect_timeout,
-        "EPN control connection to ICN",
+        |ctl| {
+            Ok(match opts.advertise {
+                Some(a) => a,
+                None if !local.ip().is_unspecified() => local,
+                // Bound to all interfaces: announce the address we reach the ICN from.
+                None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
+            }
+            .to_string())
+        },
     )
     .await?;
-    let advertise = match opts.advertise {
-        Some(a) => a,
-        None if !local.ip().is_unspecified() => local,
-        // Bound to all interfaces: announce the address we reach the ICN from.
-        None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
-    };
-    crate::conn::write_msg(
-        &mut ctl,
-        &Message::Register(Register {
-            role: Role::Epn,
-            node_id: opts.id,
-            data_addr: advertise.to_string(),
-        }),
-    )
-    .await?;
-    let (rd, wr) = ctl.into_split();
-    let mut rd = BufReader::with_capacity(64 * 1024, rd);
-    let me = match read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await? {
-        Some(Message::RegisterAck { node_id, run_id }) => {
-            tracing::info!("EPN {node_id}: registered for run {run_id}; STFs to {advertise}");
-            node_id
-        }
-        Some(Message::Reject { reason }) => bail!("ICN {} refused this EPN: {reason}", opts.icn),
-        other => bail!("ICN {}: expected RegisterAck, got {other:?}", opts.icn),
-    };
-    let (ctl_tx, writer) = spawn_writer(wr, format!("ICN {}", opts.icn));
+    let me = joined.me;
+    tracing::info!("EPN {me}: registered for run {}", joined.run_id);
 
     // Pre-run: wait for the run parameters.
+    let ctl_tx = joined.ctl.clone();
+    let mut joined = joined;
+    let rd = &mut joined.rd;
     let prep = loop {
-        match read_frame(&mut rd, MAX_CONTROL_BODY).await? {
+        match read_frame(rd, MAX_CONTROL_BODY).await? {
             Some(Message::Prepare(p)) => break p,
             Some(other) => {
                 tracing::warn!("EPN {me}: ignoring {:?} before Prepare", other.msg_type())
@@ -134,7 +123,7 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
         .await?;
 
     loop {
-        match read_frame(&mut rd, MAX_CONTROL_BODY).await {
+        match read_frame(rd, MAX_CONTROL_BODY).await {
             Ok(Some(Message::Assign { tf_id, epn_id })) if epn_id == me => {
                 let _ = b_tx.send(BuildEvent::Assigned(tf_id)).await;
             }
@@ -156,29 +145,15 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
                 let _ = done_rx.await;
                 let _ = build_task.await;
                 acceptor.abort();
-                ctl_tx
-                    .send(Message::NodeStats(NodeStats {
-                        role: Role::Epn,
-                        node_id: me,
-                        counters: metrics.snapshot(),
-                    }))
-                    .await?;
                 drop(ctl_tx);
-                let _ = writer.await;
-                return Ok(());
+                return joined.leave(Role::Epn, &metrics).await;
             }
             Ok(Some(other)) => {
                 tracing::warn!("EPN {me}: unexpected {:?} from the ICN", other.msg_type());
                 metrics.error("unexpected_message");
             }
-            Ok(None) => bail!(
-                "EPN {me}: ICN {} closed the control connection mid-run",
-                opts.icn
-            ),
-            Err(e) => {
-                metrics.error(e.kind());
-                bail!("EPN {me}: control connection to ICN {}: {e}", opts.icn)
-            }
+            Ok(None) => return Err(lost_icn(Role::Epn, me, opts.icn, None, &metrics)),
+            Err(e) => return Err(lost_icn(Role::Epn, me, opts.icn, Some(e), &metrics)),
         }
     }
 }

@@ -10,16 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fanin_proto::{
-    EpnEntry, Message, NodeStats, Prepare, Reason, Register, Role, MAX_CONTROL_BODY,
-};
+use fanin_proto::{EpnEntry, Message, Prepare, Reason, Role, MAX_CONTROL_BODY};
 use fanin_sched::{EpnId, StfSize};
-use tokio::io::BufReader;
 use tokio::sync::mpsc;
 
 use crate::budget::ByteBudget;
 use crate::config::check_prepare;
-use crate::conn::{connect_retry, read_frame, read_frame_within, spawn_writer};
+use crate::conn::read_frame;
+use crate::join::{join, lost_icn};
 use crate::metrics::{self, Metrics};
 use sender::{SendCtx, StfJob};
 
@@ -45,39 +43,25 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
         let a = metrics::serve(b, metrics.clone()).await?;
         tracing::info!("FLP metrics on http://{a}/metrics");
     }
-    let mut ctl = connect_retry(
+    let mut joined = join(
+        Role::Flp,
         opts.icn,
         opts.control_bind,
+        opts.id,
         opts.connect_timeout,
-        "FLP control connection to ICN",
+        |_| Ok(String::new()),
     )
     .await?;
-    crate::conn::write_msg(
-        &mut ctl,
-        &Message::Register(Register {
-            role: Role::Flp,
-            node_id: opts.id,
-            data_addr: String::new(),
-        }),
-    )
-    .await?;
-    let (rd, wr) = ctl.into_split();
-    let mut rd = BufReader::with_capacity(64 * 1024, rd);
-    let me = match read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await? {
-        Some(Message::RegisterAck { node_id, run_id }) => {
-            tracing::info!("FLP {node_id}: registered for run {run_id}");
-            node_id
-        }
-        Some(Message::Reject { reason }) => bail!("ICN {} refused this FLP: {reason}", opts.icn),
-        other => bail!("ICN {}: expected RegisterAck, got {other:?}", opts.icn),
-    };
-    let (ctl_tx, writer) = spawn_writer(wr, format!("ICN {}", opts.icn));
+    let me = joined.me;
+    tracing::info!("FLP {me}: registered for run {}", joined.run_id);
+    let ctl_tx = joined.ctl.clone();
+    let rd = &mut joined.rd;
 
     // Pre-run: the run parameters and the EPN list, in either order.
     let mut prep: Option<Prepare> = None;
     let mut list: Option<Vec<EpnEntry>> = None;
     while prep.is_none() || list.is_none() {
-        match read_frame(&mut rd, MAX_CONTROL_BODY).await? {
+        match read_frame(rd, MAX_CONTROL_BODY).await? {
             Some(Message::Prepare(p)) => prep = Some(p),
             Some(Message::EpnList(l)) => list = Some(l),
             Some(other) => {
@@ -142,7 +126,7 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
         .await?;
 
     loop {
-        match read_frame(&mut rd, MAX_CONTROL_BODY).await {
+        match read_frame(rd, MAX_CONTROL_BODY).await {
             Ok(Some(Message::Assign { tf_id, epn_id })) => {
                 enqueue(&ctx, &size, prep.seed, &queues, tf_id, epn_id).await;
             }
@@ -159,30 +143,16 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
                     tracing::warn!("FLP {me}: send queues not flushed within {FLUSH_TIMEOUT:?}");
                     metrics.error("flush_timeout");
                 }
-                ctl_tx
-                    .send(Message::NodeStats(NodeStats {
-                        role: Role::Flp,
-                        node_id: me,
-                        counters: metrics.snapshot(),
-                    }))
-                    .await?;
                 drop(ctx);
                 drop(ctl_tx);
-                let _ = writer.await;
-                return Ok(());
+                return joined.leave(Role::Flp, &metrics).await;
             }
             Ok(Some(other)) => {
                 tracing::warn!("FLP {me}: unexpected {:?} from the ICN", other.msg_type());
                 metrics.error("unexpected_message");
             }
-            Ok(None) => bail!(
-                "FLP {me}: ICN {} closed the control connection mid-run",
-                opts.icn
-            ),
-            Err(e) => {
-                metrics.error(e.kind());
-                bail!("FLP {me}: control connection to ICN {}: {e}", opts.icn)
-            }
+            Ok(None) => return Err(lost_icn(Role::Flp, me, opts.icn, None, &metrics)),
+            Err(e) => return Err(lost_icn(Role::Flp, me, opts.icn, Some(e), &metrics)),
         }
     }
 }

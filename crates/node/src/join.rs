@@ -1,0 +1,100 @@
+//! How an FLP or EPN joins a run and leaves it: connect to the ICN (with retries),
+//! register, await the acknowledgement; at the end, report counters and close.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::bail;
+use fanin_proto::{Message, NodeStats, Register, Role, MAX_CONTROL_BODY};
+use tokio::io::BufReader;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::conn::{connect_retry, read_frame_within, spawn_writer, write_msg, ConnError};
+use crate::metrics::Metrics;
+
+/// A registered node's control connection.
+pub struct Joined {
+    pub me: u32,
+    pub run_id: u64,
+    pub rd: BufReader<OwnedReadHalf>,
+    pub ctl: mpsc::Sender<Message>,
+    pub writer: JoinHandle<()>,
+}
+
+/// Connects to the ICN and registers. `data_addr` is computed from the connected
+/// control socket (an EPN bound to 0.0.0.0 announces the address it reaches the ICN from).
+pub async fn join(
+    role: Role,
+    icn: SocketAddr,
+    control_bind: Option<IpAddr>,
+    id: Option<u32>,
+    connect_timeout: Duration,
+    data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
+) -> anyhow::Result<Joined> {
+    let what = format!("{} control connection to ICN", role.name());
+    let mut ctl = connect_retry(icn, control_bind, connect_timeout, &what).await?;
+    let data_addr = data_addr(&ctl)?;
+    let reg = Register {
+        role,
+        node_id: id,
+        data_addr,
+    };
+    write_msg(&mut ctl, &Message::Register(reg)).await?;
+    let (rd, wr) = ctl.into_split();
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let (me, run_id) =
+        match read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await? {
+            Some(Message::RegisterAck { node_id, run_id }) => (node_id, run_id),
+            Some(Message::Reject { reason }) => {
+                bail!("ICN {icn} refused this {}: {reason}", role.name())
+            }
+            other => bail!("ICN {icn}: expected RegisterAck, got {other:?}"),
+        };
+    let (ctl, writer) = spawn_writer(wr, format!("ICN {icn}"));
+    Ok(Joined {
+        me,
+        run_id,
+        rd,
+        ctl,
+        writer,
+    })
+}
+
+impl Joined {
+    /// Run end: sends this node's counters to the ICN and closes the connection.
+    pub async fn leave(self, role: Role, metrics: &Metrics) -> anyhow::Result<()> {
+        self.ctl
+            .send(Message::NodeStats(NodeStats {
+                role,
+                node_id: self.me,
+                counters: metrics.snapshot(),
+            }))
+            .await?;
+        drop(self.ctl);
+        let _ = self.writer.await;
+        Ok(())
+    }
+}
+
+/// The error for a control connection that ended mid-run (`None`: closed cleanly).
+pub fn lost_icn(
+    role: Role,
+    me: u32,
+    icn: SocketAddr,
+    err: Option<ConnError>,
+    metrics: &Metrics,
+) -> anyhow::Error {
+    match err {
+        None => anyhow::anyhow!(
+            "{} {me}: ICN {icn} closed the control connection mid-run",
+            role.name()
+        ),
+        Some(e) => {
+            metrics.error(e.kind());
+            anyhow::anyhow!("{} {me}: control connection to ICN {icn}: {e}", role.name())
+        }
+    }
+}
