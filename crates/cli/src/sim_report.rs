@@ -156,16 +156,16 @@ pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSu
     for f in &w.frags {
         let row = &mut rows[f.slice as usize];
         row.3 = f.dst;
-        if f.suppressed || f.sent == NEVER {
+        if f.suppressed {
             continue;
         }
-        row.0 += 1;
+        row.0 += 1; // produced: it must arrive, sent or not
         if f.arrived != NEVER {
             row.1 += 1;
             row.2 = row.2.max(f.arrived - f.sent);
         }
     }
-    let mut csv = String::from("slice,pc,fragments_sent,fragments_arrived,max_delay_s,complete\n");
+    let mut csv = String::from("slice,pc,fragments,fragments_arrived,max_delay_s,complete\n");
     for (i, (sent, arrived, max, pc)) in rows.iter().enumerate() {
         let _ = writeln!(
             csv,
@@ -207,7 +207,7 @@ pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSu
                 t(f.arrived),
                 delay,
                 f.retx,
-                !f.suppressed && f.sent != NEVER && f.arrived == NEVER
+                !f.suppressed && f.arrived == NEVER
             )?;
         }
         out.flush()?;

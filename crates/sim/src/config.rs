@@ -95,6 +95,11 @@ impl Default for SimConfig {
     }
 }
 
+/// Most LCMs or PCs in one packet-level run (the route table is hosts x nodes).
+pub const MAX_HOSTS: u64 = 5_000;
+/// Most fragments in one run (each is recorded).
+pub const MAX_FRAGMENTS: u64 = 50_000_000;
+
 pub const PRESETS: &[&str] = &["antares-sector", "antares-2-string", "antares-10-string"];
 
 impl SimConfig {
@@ -116,49 +121,54 @@ impl SimConfig {
             self.sectors_per_string = sectors;
             self.lcms_per_sector = 5;
         }
-        let pos = |name: &str, v: f64| {
-            if v.is_finite() && v > 0.0 {
+        let within = |name: &str, v: f64, lo: f64, hi: f64| {
+            if v.is_finite() && (lo..=hi).contains(&v) {
                 Ok(())
             } else {
-                Err(format!("`{name}` must be a positive number, not {v}"))
+                Err(format!("`{name}` must be within {lo}..={hi}, not {v}"))
             }
         };
-        pos("lcm_mbps", self.lcm_mbps)?;
-        pos("mlcm_mbps", self.mlcm_mbps)?;
-        pos("pc_mbps", self.pc_mbps)?;
-        pos("slice_ms", self.slice_ms)?;
-        pos("duration_s", self.duration_s)?;
-        pos("min_rto_ms", self.min_rto_ms)?;
-        for (n, v) in [
-            ("lcm_delay_us", self.lcm_delay_us),
-            ("shore_delay_us", self.shore_delay_us),
-            ("pc_delay_us", self.pc_delay_us),
-            ("relax_s", self.relax_s),
-            ("jitter_us", self.jitter_us),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("`{n}` must be zero or positive, not {v}"));
-            }
-        }
+        // Link rates from 1 kbit/s to 1 Pbit/s.
+        within("lcm_mbps", self.lcm_mbps, 0.001, 1e9)?;
+        within("mlcm_mbps", self.mlcm_mbps, 0.001, 1e9)?;
+        within("pc_mbps", self.pc_mbps, 0.001, 1e9)?;
+        within("slice_ms", self.slice_ms, 0.001, 3.6e6)?;
+        within("duration_s", self.duration_s, 1e-6, 1e6)?;
+        within("relax_s", self.relax_s, 0.0, 1e6)?;
+        within("min_rto_ms", self.min_rto_ms, 0.001, 60_000.0)?;
+        within("lcm_delay_us", self.lcm_delay_us, 0.0, 1e7)?;
+        within("shore_delay_us", self.shore_delay_us, 0.0, 1e7)?;
+        within("pc_delay_us", self.pc_delay_us, 0.0, 1e7)?;
+        within("jitter_us", self.jitter_us, 0.0, 1e7)?;
         if !(0.0..1.0).contains(&self.ber) {
             return Err(format!("`ber` must be within [0, 1), not {}", self.ber));
         }
-        if self.strings == 0 || self.sectors_per_string == 0 || self.lcms_per_sector == 0 {
-            return Err(
-                "`strings`, `sectors_per_string` and `lcms_per_sector` must be at least 1".into(),
-            );
+        let lcms = (self.strings as u64)
+            .checked_mul(self.sectors_per_string as u64)
+            .and_then(|v| v.checked_mul(self.lcms_per_sector as u64))
+            .unwrap_or(u64::MAX);
+        if lcms == 0 || lcms > MAX_HOSTS {
+            return Err(format!(
+                "`strings` x `sectors_per_string` x `lcms_per_sector` = {lcms} LCMs is not within 1..={MAX_HOSTS}"
+            ));
         }
-        if self.lcms() > 100_000 {
-            return Err(format!("{} LCMs is more than 100000", self.lcms()));
-        }
-        if self.pcs == Some(0) {
-            return Err("`pcs` must be at least 1".into());
+        if self.pcs.is_some_and(|p| p == 0 || p as u64 > MAX_HOSTS) {
+            return Err(format!("`pcs` must be within 1..={MAX_HOSTS}"));
         }
         if self.mss < 100 || self.mss > 65_000 {
             return Err(format!("`mss` {} is not within 100..=65000", self.mss));
         }
-        if self.queue_packets == 0 || self.queue_bytes == Some(0) {
-            return Err("queue limits must be at least 1".into());
+        if self.queue_packets == 0 || self.queue_packets > 1_000_000 {
+            return Err("`queue_packets` must be within 1..=1000000".into());
+        }
+        if self.queue_bytes.is_some_and(|b| b == 0 || b > 1 << 40) {
+            return Err("`queue_bytes` must be within 1..=2^40".into());
+        }
+        if self.fragment_bytes > 100_000_000 {
+            return Err("`fragment_bytes` must be at most 100000000".into());
+        }
+        if self.seed > i64::MAX as u64 {
+            return Err(format!("`seed` must be at most {}", i64::MAX));
         }
         if let Some(m) = &self.fragment_size {
             let size: fanin_sched::StfSize =
@@ -175,6 +185,12 @@ impl SimConfig {
         }
         if self.k == Some(0) {
             return Err("`k` must be at least 1".into());
+        }
+        let slices = (self.duration_s * 1000.0 / self.slice_ms).round();
+        if slices * lcms as f64 > MAX_FRAGMENTS as f64 {
+            return Err(format!(
+                "{slices} slices x {lcms} LCMs is more than {MAX_FRAGMENTS} fragments (`duration_s`, `slice_ms`)"
+            ));
         }
         Ok(self)
     }
@@ -231,12 +247,82 @@ mod tests {
         .resolve()
         .unwrap_err();
         assert!(e.contains("antares-11-string"));
-        let e = SimConfig {
-            lcm_mbps: -1.0,
-            ..SimConfig::default()
+        let cases: Vec<(SimConfig, &str)> = vec![
+            (
+                SimConfig {
+                    lcm_mbps: -1.0,
+                    ..SimConfig::default()
+                },
+                "lcm_mbps",
+            ),
+            (
+                SimConfig {
+                    pc_mbps: 1e-9,
+                    ..SimConfig::default()
+                },
+                "pc_mbps",
+            ),
+            (
+                SimConfig {
+                    min_rto_ms: 61_000.0,
+                    ..SimConfig::default()
+                },
+                "min_rto_ms",
+            ),
+            (
+                SimConfig {
+                    slice_ms: 1e-9,
+                    ..SimConfig::default()
+                },
+                "slice_ms",
+            ),
+            (
+                SimConfig {
+                    duration_s: 1e300,
+                    ..SimConfig::default()
+                },
+                "duration_s",
+            ),
+            (
+                SimConfig {
+                    jitter_us: f64::INFINITY,
+                    ..SimConfig::default()
+                },
+                "jitter_us",
+            ),
+            (
+                SimConfig {
+                    strings: 65536,
+                    sectors_per_string: 65536,
+                    ..SimConfig::default()
+                },
+                "strings",
+            ),
+            (
+                SimConfig {
+                    pcs: Some(u32::MAX),
+                    ..SimConfig::default()
+                },
+                "pcs",
+            ),
+            (
+                SimConfig {
+                    slice_ms: 0.001,
+                    ..SimConfig::default()
+                },
+                "fragments",
+            ),
+            (
+                SimConfig {
+                    seed: u64::MAX,
+                    ..SimConfig::default()
+                },
+                "seed",
+            ),
+        ];
+        for (c, field) in cases {
+            let e = c.resolve().unwrap_err();
+            assert!(e.contains(field), "{e} should name {field}");
         }
-        .resolve()
-        .unwrap_err();
-        assert!(e.contains("lcm_mbps"));
     }
 }

@@ -296,13 +296,14 @@ impl Net {
         p.max_queue = p.max_queue.max(p.queue.len() - 1);
         p.sent_packets += 1;
         p.sent_bytes += bytes;
+        // P(some bit damaged) = 1 - (1 - ber)^bits, computed without cancellation.
         let damaged =
-            p.ber > 0.0 && rng.gen::<f64>() < 1.0 - (1.0 - p.ber).powf(bytes as f64 * 8.0);
+            p.ber > 0.0 && rng.gen::<f64>() < -((bytes as f64 * 8.0) * (-p.ber).ln_1p()).exp_m1();
         if damaged {
             self.corrupted += 1;
             self.pkts.release(id);
         } else {
-            q.at(depart + p.delay, Ev::Arrive(p.to, id));
+            q.at(depart.saturating_add(p.delay), Ev::Arrive(p.to, id));
         }
         true
     }

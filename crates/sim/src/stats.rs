@@ -15,9 +15,13 @@ pub struct SimSummary {
     pub scheme: String,
     pub bio: String,
     pub slices: u64,
+    /// Fragments produced and not suppressed (each must arrive).
+    pub fragments: u64,
     pub fragments_sent: u64,
     pub fragments_suppressed: u64,
     pub fragments_arrived: u64,
+    /// Produced (not suppressed) but not arrived by the end: lost in the network or
+    /// never sent.
     pub fragments_lost: u64,
     pub loss_pct: f64,
     pub delay_avg_s: f64,
@@ -45,18 +49,19 @@ fn secs(t: Time) -> f64 {
 impl SimSummary {
     pub fn of(w: &World) -> SimSummary {
         let mut delays: Vec<Time> = Vec::new();
-        let (mut sent, mut suppressed, mut arrived) = (0u64, 0u64, 0u64);
-        let mut slice_ok = vec![true; w.slices() as usize];
+        let (mut produced, mut sent, mut suppressed, mut arrived) = (0u64, 0u64, 0u64, 0u64);
+        // Built from the fragments alone, to check against the configured slice count.
+        let seen = w.frags.iter().map(|f| f.slice + 1).max().unwrap_or(0) as usize;
+        let mut slice_ok = vec![true; seen];
         for f in &w.frags {
             if f.suppressed {
                 suppressed += 1;
                 continue;
             }
-            if f.sent == NEVER {
-                slice_ok[f.slice as usize] = false;
-                continue;
+            produced += 1;
+            if f.sent != NEVER {
+                sent += 1;
             }
-            sent += 1;
             if f.arrived != NEVER {
                 arrived += 1;
                 delays.push(f.arrived - f.sent);
@@ -80,8 +85,8 @@ impl SimSummary {
         };
         let (segs, retx, timeouts) = w.tcp_segments();
         let complete = slice_ok.iter().filter(|&&ok| ok).count() as u64;
+        let incomplete = slice_ok.iter().filter(|&&ok| !ok).count() as u64;
         let issued = w.slices();
-        let incomplete = slice_ok.len() as u64 - complete;
         let c = &w.cfg;
         SimSummary {
             lcms: c.lcms(),
@@ -96,14 +101,15 @@ impl SimSummary {
             },
             bio: format!("{:?}", c.bio).to_lowercase(),
             slices: issued,
+            fragments: produced,
             fragments_sent: sent,
             fragments_suppressed: suppressed,
             fragments_arrived: arrived,
-            fragments_lost: sent - arrived,
-            loss_pct: if sent == 0 {
+            fragments_lost: produced - arrived,
+            loss_pct: if produced == 0 {
                 0.0
             } else {
-                100.0 * (sent - arrived) as f64 / sent as f64
+                100.0 * (produced - arrived) as f64 / produced as f64
             },
             delay_avg_s: avg,
             delay_p99_s: pct(0.99),
@@ -121,7 +127,8 @@ impl SimSummary {
             tfs_issued: issued,
             tfs_complete: complete,
             tfs_incomplete: incomplete,
-            invariant_ok: issued == complete + incomplete,
+            // Every configured slice produced fragments, and each is complete or not.
+            invariant_ok: seen as u64 == issued && issued == complete + incomplete,
             events: w.events(),
         }
     }

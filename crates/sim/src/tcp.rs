@@ -146,8 +146,10 @@ impl Sender {
         let was_idle = self.snd_una == self.snd_max;
         let mut sent = false;
         while self.snd_nxt < self.app_end {
+            // RFC 5681: never beyond snd_una + cwnd.
             let in_window = (self.snd_nxt - self.snd_una) as f64;
-            if in_window + 1.0 > self.cwnd {
+            let len = (self.app_end - self.snd_nxt).min(self.p.mss as u64) as f64;
+            if in_window + len > self.cwnd {
                 break;
             }
             let seq = self.snd_nxt;

@@ -56,7 +56,10 @@ pub struct World {
     pub cfg: SimConfig,
     q: Queue<Ev>,
     pub net: Net,
-    rng: rand_pcg::Pcg64Mcg,
+    /// Independent random streams, so changing one model leaves the others' draws alone.
+    rng_bio: rand_pcg::Pcg64Mcg,
+    rng_jitter: rand_pcg::Pcg64Mcg,
+    rng_ber: rand_pcg::Pcg64Mcg,
     lcm_nodes: Vec<NodeId>,
     pc_nodes: Vec<NodeId>,
     policy: Box<dyn Policy>,
@@ -143,15 +146,24 @@ impl World {
             m.parse::<fanin_sched::StfSize>()
                 .expect("checked by resolve")
         });
+        let min_rto = (cfg.min_rto_ms * MS as f64).round() as Time;
         let tcp = TcpParams {
             mss: cfg.mss,
-            min_rto: (cfg.min_rto_ms * MS as f64).round() as Time,
+            min_rto,
+            initial_rto: TcpParams::default().initial_rto.max(min_rto),
             slow_start_restart: cfg.slow_start_restart,
             ..TcpParams::default()
         };
-        let end = slices * slice + (cfg.relax_s * SEC as f64).round() as Time;
+        // Relaxation starts when the last fragment has left (delayed senders wait up to
+        // (LCMs - 1) / k slices; jitter adds its maximum).
+        let last_delay = delay_slices(lcm_nodes.len().saturating_sub(1) as u32, cfg.k);
+        let end = (slices + last_delay) * slice
+            + us(cfg.jitter_us)
+            + (cfg.relax_s * SEC as f64).round() as Time;
         World {
-            rng: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed),
+            rng_bio: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed),
+            rng_jitter: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x6a09_e667_f3bc_c908),
+            rng_ber: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0xbb67_ae85_84ca_a73b),
             bursts: vec![BurstState::default(); lcm_nodes.len()],
             conn_of: vec![u32::MAX; lcm_nodes.len() * pc_nodes.len()],
             lcm_nodes,
@@ -221,9 +233,10 @@ impl World {
             for i in 0..lcms as u32 {
                 let f = match self.sizes {
                     Some(m) => Fragment::Send(m.sample(self.cfg.seed, i, n) as u32),
-                    None => self
-                        .bio
-                        .next(&mut self.bursts[i as usize], self.slice, &mut self.rng),
+                    None => {
+                        self.bio
+                            .next(&mut self.bursts[i as usize], self.slice, &mut self.rng_bio)
+                    }
                 };
                 let (bytes, suppressed) = match f {
                     Fragment::Send(b) => (b, false),
@@ -250,7 +263,7 @@ impl World {
                 let id = (s * lcms + i as u64) as u32;
                 if !self.frags[id as usize].suppressed {
                     if self.jitter > 0 {
-                        let j = self.rng.gen_range(0..=self.jitter);
+                        let j = self.rng_jitter.gen_range(0..=self.jitter);
                         self.q.at(now + j, Ev::Transmit(id));
                     } else {
                         self.transmit(now, id);
@@ -282,7 +295,7 @@ impl World {
                         len,
                         dst,
                     });
-                    self.net.send(&mut self.q, src, pkt, &mut self.rng);
+                    self.net.send(&mut self.q, src, pkt, &mut self.rng_ber);
                     off += len;
                 }
                 if bytes == 0 {
@@ -305,6 +318,10 @@ impl World {
                         unacked: VecDeque::new(),
                         written: 0,
                     });
+                }
+                if bytes == 0 {
+                    self.frags[id as usize].arrived = now; // nothing to carry
+                    return;
                 }
                 let c = self.conn_of[slot];
                 let conn = &mut self.conns[c as usize];
@@ -343,7 +360,7 @@ impl World {
                         len,
                         dst,
                     });
-                    self.net.send(&mut self.q, src, pkt, &mut self.rng);
+                    self.net.send(&mut self.q, src, pkt, &mut self.rng_ber);
                 }
                 Act::Arm(at) => {
                     let at = at.max(self.q.now());
@@ -390,7 +407,7 @@ impl World {
     fn arrive(&mut self, now: Time, node: NodeId, id: u32) {
         let p = self.net.pkts.get(id).clone();
         if p.dst != node {
-            self.net.send(&mut self.q, node, id, &mut self.rng);
+            self.net.send(&mut self.q, node, id, &mut self.rng_ber);
             return;
         }
         self.net.pkts.release(id);
@@ -420,7 +437,7 @@ impl World {
                     len: ACK_LEN,
                     dst: src,
                 });
-                self.net.send(&mut self.q, node, pkt, &mut self.rng);
+                self.net.send(&mut self.q, node, pkt, &mut self.rng_ber);
             }
             Kind::Ack => {
                 let mut acts = std::mem::take(&mut self.acts);
