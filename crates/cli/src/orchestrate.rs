@@ -281,7 +281,8 @@ fn last_line(p: &Path) -> String {
         .unwrap_or_else(|| format!("(no output in {})", p.display()))
 }
 
-fn sanitize(s: &str) -> String {
+/// A name safe as a directory name: letters, digits, `-` and `_`; anything else `_`.
+pub fn sanitize(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {

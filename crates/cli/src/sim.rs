@@ -136,7 +136,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     );
     let mut done: Vec<(sim_report::Run, SimSummary)> = Vec::new();
     for r in &exp.runs {
-        let dir = root.join(sim_report::sanitize(&r.label));
+        let dir = root.join(crate::orchestrate::sanitize(&r.label));
         let s = sim_report::run_one(r, &dir, a.fragments_csv)?;
         println!("[{}] {}", r.label, s.line());
         done.push((r.clone(), s));

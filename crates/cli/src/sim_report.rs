@@ -127,18 +127,6 @@ pub fn load(path: &Path) -> anyhow::Result<SimExperiment> {
     Ok(SimExperiment { name, runs })
 }
 
-pub fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 /// Runs one simulation and writes its files into `dir`.
 pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSummary> {
     let w =

@@ -8,7 +8,6 @@ use std::collections::VecDeque;
 /// Simulated time in nanoseconds.
 pub type Time = u64;
 
-pub const NS: Time = 1;
 pub const US: Time = 1_000;
 pub const MS: Time = 1_000_000;
 pub const SEC: Time = 1_000_000_000;
@@ -22,8 +21,6 @@ pub struct Queue<E> {
     len: usize,
     /// Events popped so far.
     pub processed: u64,
-    /// Most events queued at once.
-    pub peak: usize,
 }
 
 impl<E> Default for Queue<E> {
@@ -43,7 +40,6 @@ impl<E> Queue<E> {
             last: 0,
             len: 0,
             processed: 0,
-            peak: 0,
         }
     }
 
@@ -60,7 +56,6 @@ impl<E> Queue<E> {
         );
         self.buckets[bucket(at, self.last)].push_back((at, ev));
         self.len += 1;
-        self.peak = self.peak.max(self.len);
     }
 
     /// Schedules `ev` after `delay`.

@@ -60,9 +60,6 @@ pub struct Port {
     /// When the last queued packet leaves.
     busy_until: Time,
     pub drops: u64,
-    pub sent_packets: u64,
-    pub sent_bytes: u64,
-    pub max_queue: usize,
 }
 
 impl Port {
@@ -87,12 +84,6 @@ impl Port {
             Limit::Packets(n) => self.queue.len() - 1 < n,
             Limit::Bytes(b) => self.queued_bytes - head as u64 + bytes <= b,
         }
-    }
-
-    /// Packets waiting at `now` (not counting the one on the wire).
-    pub fn waiting(&mut self, now: Time) -> usize {
-        self.advance(now);
-        self.queue.len().saturating_sub(1)
     }
 
     pub fn serialisation(&self, bytes: u64) -> Time {
@@ -126,15 +117,10 @@ impl Slab {
     pub fn release(&mut self, id: PktId) {
         self.free.push(id);
     }
-    pub fn live(&self) -> usize {
-        self.pkts.len() - self.free.len()
-    }
 }
 
 pub struct Net {
     pub ports: Vec<Port>,
-    /// Ports leaving each node.
-    out: Vec<Vec<PortId>>,
     /// Hosts (traffic end points) in index order.
     pub hosts: Vec<NodeId>,
     host_index: Vec<Option<u32>>,
@@ -181,11 +167,9 @@ impl Builder {
     pub fn build(self) -> Net {
         let n = self.nodes as usize;
         let mut ports = Vec::new();
-        let mut out = vec![Vec::new(); n];
         for &(a, b, rate, delay, limit, ber) in &self.links {
             assert!(rate > 0, "link rate must be positive");
             for (from, to) in [(a, b), (b, a)] {
-                out[from as usize].push(ports.len() as PortId);
                 ports.push(Port {
                     from,
                     to,
@@ -197,9 +181,6 @@ impl Builder {
                     queued_bytes: 0,
                     busy_until: 0,
                     drops: 0,
-                    sent_packets: 0,
-                    sent_bytes: 0,
-                    max_queue: 0,
                 });
             }
         }
@@ -231,7 +212,6 @@ impl Builder {
         }
         Net {
             ports,
-            out,
             hosts: self.hosts,
             host_index,
             route,
@@ -242,20 +222,12 @@ impl Builder {
 }
 
 impl Net {
-    pub fn host_index(&self, node: NodeId) -> Option<u32> {
-        self.host_index[node as usize]
-    }
-
     /// The port a packet at `node` for host `dst` leaves by.
     pub fn next_port(&self, node: NodeId, dst: NodeId) -> PortId {
         let hi = self.host_index[dst as usize].expect("destination is a host") as usize;
         let p = self.route[node as usize * self.hosts.len() + hi];
         assert!(p != PortId::MAX, "no route from node {node} to host {dst}");
         p
-    }
-
-    pub fn ports_of(&self, node: NodeId) -> &[PortId] {
-        &self.out[node as usize]
     }
 
     /// Sends packet `id` out of `node` towards its destination; false if dropped.
@@ -293,9 +265,6 @@ impl Net {
         p.busy_until = depart;
         p.queue.push_back((depart, bytes as u32));
         p.queued_bytes += bytes;
-        p.max_queue = p.max_queue.max(p.queue.len() - 1);
-        p.sent_packets += 1;
-        p.sent_bytes += bytes;
         // P(some bit damaged) = 1 - (1 - ber)^bits, computed without cancellation.
         let damaged =
             p.ber > 0.0 && rng.gen::<f64>() < -((bytes as f64 * 8.0) * (-p.ber).ln_1p()).exp_m1();

@@ -194,10 +194,6 @@ impl World {
     pub fn events(&self) -> u64 {
         self.q.processed
     }
-    /// Most events queued at once.
-    pub fn queue_peak(&self) -> usize {
-        self.q.peak
-    }
     pub fn end_time(&self) -> Time {
         self.end
     }
