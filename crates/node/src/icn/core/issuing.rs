@@ -1,0 +1,216 @@
+//! Issuing TFs and accounting for them: pacing, placement through the policy (assign,
+//! wait, drop), waiting TFs oldest first, re-assignment off a dead EPN, and TF ends.
+
+use std::time::Duration;
+
+use fanin_proto::{Message, Reason, TfStatus};
+use fanin_sched::{Decision, DropReason, EpnId, TfId, TfRequest};
+
+use super::{Action, IcnCore, Now, Phase, ISSUE_BATCH};
+use crate::icn::ledger::TfRow;
+
+impl IcnCore {
+    /// Absolute issue time of TF `n`: t0 + n / rate. No drift, however late a wake-up.
+    pub(super) fn deadline_of(&self, n: u64) -> Now {
+        let t0 = self.run_t0.expect("running");
+        t0 + Duration::from_secs_f64(n as f64 / self.cfg.run.cfg.rate_hz)
+    }
+
+    /// Issues every TF that is due, and moves the run along its phases.
+    pub(super) fn pump(&mut self) {
+        if matches!(self.phase, Phase::Running | Phase::Draining) {
+            self.assign_waiting();
+        }
+        if self.phase == Phase::Running {
+            let total = self.cfg.run.total_tfs;
+            let mut budget = ISSUE_BATCH;
+            while budget > 0 && total.is_none_or(|t| self.next_tf < t) && self.may_issue() {
+                self.issue_next();
+                budget -= 1;
+                if self.phase != Phase::Running {
+                    return;
+                }
+            }
+            if total.is_some_and(|t| self.next_tf >= t) {
+                self.begin_drain();
+            }
+        }
+        if self.phase == Phase::Draining && self.ledger.pending() == 0 {
+            self.begin_stop();
+        }
+    }
+
+    /// Is the next TF due now? Paced: its deadline passed. Unthrottled: fewer than
+    /// `max_inflight` in flight, and every node present (or the wait for a missing one,
+    /// bounded by the pre-run time-out, is over: then its TFs drop with the reason).
+    fn may_issue(&mut self) -> bool {
+        let now = self.now;
+        if self.cfg.run.paced() {
+            return self.deadline_of(self.next_tf) <= now;
+        }
+        if self.ledger.pending() as u64 >= self.cfg.run.cfg.max_inflight {
+            return false; // wait for acknowledgements
+        }
+        if (self.flps.len() as u32) < self.cfg.run.cfg.flps || self.policy.epns().is_empty() {
+            let since = *self.paused_since.get_or_insert(now);
+            return now.saturating_sub(since).as_secs_f64() >= self.cfg.run.cfg.prerun_timeout_s;
+        }
+        self.paused_since = None;
+        true
+    }
+
+    fn issue_next(&mut self) {
+        let tf = self.cfg.id_base + self.next_tf;
+        self.next_tf += 1;
+        let now = self.now_us();
+        if self.cfg.run.paced() && self.ledger.pending() as u64 >= self.cfg.run.cfg.max_inflight {
+            let row = self.ledger.issue_dropped(tf, Reason::IcnInflightLimit, now);
+            return self.ended(&row);
+        }
+        if (self.flps.len() as u32) < self.cfg.run.cfg.flps {
+            // An FLP of this run is gone: no TF can be complete any more.
+            let row = self.ledger.issue_dropped(tf, Reason::FlpLost, now);
+            return self.ended(&row);
+        }
+        if !self.waiting.is_empty() {
+            // Older TFs wait for an EPN: this one queues behind them.
+            self.ledger.issue_waiting(tf, now);
+            self.waiting.push_back(tf);
+            return;
+        }
+        match self.policy.assign(TfRequest::new(tf, self.tf_bytes(tf))) {
+            Decision::Assign(epn) => {
+                self.ledger.issue(tf, epn, now);
+                self.dispatch(tf, epn);
+            }
+            Decision::Wait => {
+                self.ledger.issue_waiting(tf, now);
+                self.waiting.push_back(tf);
+                self.metrics
+                    .set_level("tfs_waiting", self.waiting.len() as u64);
+            }
+            Decision::Drop(r) => {
+                let row = self.ledger.issue_dropped(tf, drop_reason(r), now);
+                self.ended(&row);
+            }
+        }
+    }
+
+    fn tf_bytes(&self, tf: TfId) -> u64 {
+        let cfg = &self.cfg.run.cfg;
+        self.cfg.run.stf_size.tf_bytes(cfg.seed, cfg.flps, tf)
+    }
+
+    /// Tells the EPN, then every FLP, that `tf` is built on `epn`.
+    fn dispatch(&mut self, tf: TfId, epn: EpnId) {
+        debug_assert_eq!(self.ledger.assigned(tf), Some(epn), "dispatch of TF {tf}");
+        self.metrics
+            .set_level("tfs_in_flight", self.ledger.pending() as u64);
+        let assign = Message::Assign {
+            tf_id: tf,
+            epn_id: epn,
+        };
+        // The EPN learns first, so it expects the TF before its STFs arrive.
+        let Some(&epn_conn) = self.epns.get(&epn) else {
+            return;
+        };
+        self.send(epn_conn, assign.clone());
+        for c in self.flps.values().copied().collect::<Vec<_>>() {
+            self.send(c, assign.clone());
+        }
+    }
+
+    /// Gives waiting TFs an EPN, oldest first, while the policy finds one.
+    pub(super) fn assign_waiting(&mut self) {
+        while let Some(&tf) = self.waiting.front() {
+            if !self.ledger.is_pending(tf) {
+                // Ended meanwhile (an FLP could not send its STF).
+                self.waiting.pop_front();
+                continue;
+            }
+            match self.policy.assign(TfRequest::new(tf, self.tf_bytes(tf))) {
+                Decision::Wait => break,
+                Decision::Assign(epn) => {
+                    self.waiting.pop_front();
+                    self.ledger.assign_waiting(tf, epn);
+                    self.dispatch(tf, epn);
+                }
+                Decision::Drop(r) => {
+                    self.waiting.pop_front();
+                    let now = self.now_us();
+                    if let Some(row) = self.ledger.flp_dropped(tf, drop_reason(r), now) {
+                        self.ended(&row);
+                    }
+                }
+            }
+        }
+        self.metrics
+            .set_level("tfs_waiting", self.waiting.len() as u64);
+    }
+
+    /// Zero-loss mode: the TFs of a dead EPN go to live EPNs, and the FLPs re-send
+    /// their kept STFs. Returns (re-assigned, dropped because no EPN could take them).
+    pub(super) fn reassign_from(&mut self, dead: EpnId) -> (u64, u64) {
+        let (mut moved, mut lost) = (0, 0);
+        for tf in self.ledger.pending_on(dead) {
+            match self.policy.assign(TfRequest::new(tf, self.tf_bytes(tf))) {
+                Decision::Assign(to) if self.epns.contains_key(&to) => {
+                    if self.ledger.reassign(tf, to) {
+                        self.metrics.tf("reassigned", "epn_lost");
+                        moved += 1;
+                        self.dispatch(tf, to);
+                    }
+                }
+                Decision::Wait => {
+                    // No EPN has room now: it waits (the FLPs keep its STFs), in id order.
+                    self.ledger.unassign(tf);
+                    let at = self.waiting.partition_point(|&w| w < tf);
+                    self.waiting.insert(at, tf);
+                    moved += 1;
+                }
+                other => {
+                    let reason = match other {
+                        Decision::Drop(r) => drop_reason(r),
+                        _ => Reason::EpnLost,
+                    };
+                    let now = self.now_us();
+                    if let Some(row) = self.ledger.flp_dropped(tf, reason, now) {
+                        self.ended(&row);
+                        lost += 1;
+                    }
+                }
+            }
+        }
+        (moved, lost)
+    }
+
+    /// A TF ended: count it, write its row, and let the FLPs free its STFs.
+    pub(super) fn ended(&mut self, row: &TfRow) {
+        match row.status {
+            TfStatus::Complete => self.tally.completed += 1,
+            TfStatus::Incomplete => self.tally.incomplete += 1,
+            TfStatus::Dropped => self.tally.dropped += 1,
+        }
+        self.metrics.tf(row.status.name(), row.reason.name());
+        if row.status == TfStatus::Complete {
+            self.metrics
+                .observe_latency(row.ended_us.saturating_sub(row.issued_us) as f64 / 1e6);
+        }
+        self.emit(Action::TfEnded(row.clone()));
+        // FLPs kept the STFs of this TF for a re-send: they may free them now.
+        if self.cfg.run.cfg.reassign && row.epn.is_some() {
+            let release = Message::Release { tf_id: row.tf_id };
+            for c in self.flps.values().copied().collect::<Vec<_>>() {
+                self.send(c, release.clone());
+            }
+        }
+    }
+}
+
+pub(super) fn drop_reason(r: DropReason) -> Reason {
+    match r {
+        DropReason::NoEpn => Reason::NoEpn,
+        DropReason::NoEpnBuffer => Reason::NoEpnBuffer,
+        DropReason::EpnsBusy => Reason::EpnsBusy,
+    }
+}

@@ -1,0 +1,131 @@
+//! What each frame from a registered FLP or EPN does: readiness, TF reports, dropped
+//! STFs, reachability of EPNs, load reports and heartbeats, run-end counters.
+
+use fanin_proto::{Message, Reason, Role, TfReport};
+use fanin_sched::{EpnId, EpnLoad, TfId};
+
+use super::{ConnId, IcnCore, Level, Phase};
+use crate::icn::ledger::Outcome;
+
+impl IcnCore {
+    pub(super) fn on_msg(&mut self, conn: ConnId, msg: Message) {
+        let p = &self.peers[&conn];
+        let (role, id, joining) = (p.role, p.id, p.joined_at.is_some());
+        let running = matches!(self.phase, Phase::Running | Phase::Draining);
+        match msg {
+            Message::Ready { connected, .. } if self.phase == Phase::Preparing => {
+                self.on_ready(conn, role, id, connected)
+            }
+            Message::Ready { .. } if running && joining => self.rejoin_ready(conn),
+            Message::TfReport(r) if role == Role::Epn => self.on_report(id, r),
+            Message::StfDropped { tf_id, reason, .. } if role == Role::Flp => {
+                self.on_stf_dropped(tf_id, reason)
+            }
+            Message::EpnReachable { epn_id, ok } if role == Role::Flp => {
+                self.on_reachable(conn, id, epn_id, ok)
+            }
+            Message::LoadReport { .. } if role == Role::Flp => {} // heartbeat
+            Message::LoadReport {
+                free_bytes,
+                building,
+            } if role == Role::Epn => {
+                let load = EpnLoad {
+                    free_bytes,
+                    building,
+                };
+                self.policy.report_load(id, load);
+            }
+            Message::NodeStats(s) => {
+                if let Some(p) = self.peers.get_mut(&conn) {
+                    p.stats = true;
+                }
+                let name = format!("{} {}", role.name(), id);
+                self.node_stats
+                    .insert(name, s.counters.into_iter().collect());
+                if self.phase == Phase::Stopping {
+                    self.maybe_all_stats();
+                }
+            }
+            other => {
+                let line = format!(
+                    "{} {id}: unexpected {:?} in phase {:?}",
+                    role.name(),
+                    other.msg_type(),
+                    self.phase
+                );
+                self.log(Level::Warn, line);
+                self.metrics.error("unexpected_message");
+            }
+        }
+    }
+
+    fn on_ready(&mut self, conn: ConnId, role: Role, id: u32, connected: u32) {
+        if role == Role::Flp && connected != self.cfg.run.cfg.epns {
+            self.fatal = Some(format!(
+                "FLP {id} connected to {connected} of {} EPNs",
+                self.cfg.run.cfg.epns
+            ));
+            self.phase = Phase::Done;
+            return;
+        }
+        if let Some(p) = self.peers.get_mut(&conn) {
+            p.ready = true;
+        }
+        if self.peers.values().all(|p| p.ready) {
+            self.start_run();
+        }
+    }
+
+    fn on_report(&mut self, epn: EpnId, r: TfReport) {
+        let now = self.now_us();
+        match self
+            .ledger
+            .report(r.tf_id, epn, r.status, r.reason, r.bytes, now)
+        {
+            Outcome::Ended(row) => self.ended(&row),
+            Outcome::NotPending => self.metrics.error("stale_report"),
+            Outcome::WrongEpn { assigned } => {
+                let line = format!("EPN {epn} reported TF {} assigned to {assigned:?}", r.tf_id);
+                self.log(Level::Warn, line);
+                self.metrics.error("wrong_epn_report");
+            }
+        }
+    }
+
+    fn on_stf_dropped(&mut self, tf_id: TfId, reason: Reason) {
+        let now = self.now_us();
+        if let Some(row) = self.ledger.flp_dropped(tf_id, reason, now) {
+            self.ended(&row);
+            // The EPN holds the other STFs of this TF: let it free them now.
+            if let Some(&c) = row.epn.and_then(|e| self.epns.get(&e)) {
+                self.send(c, Message::Abandon { tf_id, reason });
+            }
+        }
+    }
+
+    fn on_reachable(&mut self, conn: ConnId, flp: u32, epn: EpnId, ok: bool) {
+        if !ok {
+            // The FLP cannot reach this EPN: out of the schedule (its TFs move); if it
+            // is alive, it joins again and every FLP connects afresh.
+            return self.epn_unreachable(flp, epn);
+        }
+        if let Some((_, waiting)) = self.joining.get_mut(&epn) {
+            waiting.retain(|f| *f != flp);
+            self.maybe_epn_joined(epn);
+        }
+        if let Some(p) = self.peers.get_mut(&conn) {
+            let before = p.awaiting.len();
+            p.awaiting.retain(|e| *e != epn);
+            if before > 0 && p.awaiting.is_empty() && p.joined_at.is_some() {
+                self.rejoin_ready(conn);
+            }
+        }
+    }
+
+    /// Stopping: the run is done when every node sent its run-end counters.
+    pub(super) fn maybe_all_stats(&mut self) {
+        if self.peers.values().all(|p| p.stats) {
+            self.phase = Phase::Done;
+        }
+    }
+}

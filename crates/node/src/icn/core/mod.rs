@@ -1,0 +1,372 @@
+//! The ICN's decisions as a pure state machine (sans I/O, in the style of quinn-proto):
+//! input = (now, event), output = actions in an outbox. No clock, socket, channel or stdout.
+//!
+//! The tokio shell (`icn::run`) feeds connection events, timer wake-ups and registry
+//! changes in, and carries the actions out: frames to peers, closed connections, log
+//! lines, `tfs.csv` rows. A send that fails comes back later as `Input::SendFailed`,
+//! never as a re-entrant call. The work is split by concern: `membership` (who is in the
+//! run), `issuing` (TF ids, placement, re-assignment, accounting), `phases` (the run's
+//! life from registration to the summary).
+
+mod issuing;
+mod membership;
+mod messages;
+mod phases;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fanin_proto::{Message, Register, Role};
+use fanin_sched::{EpnId, FlpId, Policy, TfId};
+
+use super::ledger::{Ledger, TfRow};
+use super::summary::{MemberEvent, Tally};
+use crate::config::Checked;
+use crate::metrics::Metrics;
+use crate::registry::Membership;
+
+/// Time since the shell's origin (the ICN's start). Simulations pass simulated time.
+pub type Now = Duration;
+
+/// A control connection, numbered by the shell.
+pub type ConnId = u64;
+
+/// A node whose znode vanished but whose heartbeat came this recently is alive.
+const REGISTRY_LEFT_GRACE: Duration = Duration::from_millis(300);
+
+/// How often leases are checked (the resolution of detection times).
+const LEASE_CHECK: Duration = Duration::from_millis(20);
+
+/// How long the ICN waits for every node's run-end counters after RunStop.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// TFs issued in one `pump`, to stay responsive to reports between batches.
+const ISSUE_BATCH: u32 = 10_000;
+
+/// Where the run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Registering,
+    Preparing,
+    Running,
+    Draining,
+    Stopping,
+    Done,
+}
+
+/// What happens to the ICN.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A new control connection sent its Register frame.
+    Registered {
+        conn: ConnId,
+        peer: SocketAddr,
+        reg: Register,
+    },
+    /// A frame from a registered connection.
+    Msg { conn: ConnId, msg: Message },
+    /// The connection ended (`err` says why, when it failed).
+    Closed { conn: ConnId, err: Option<String> },
+    /// A frame the core asked to send could not be queued.
+    SendFailed { conn: ConnId, why: String },
+    /// The registry's membership changed (ZooKeeper): a new snapshot.
+    Membership(Membership),
+    /// The registry's membership watch ended: leases detect failures again.
+    MembershipLost,
+    /// This ICN lost its registry leadership: another ICN may lead now.
+    LostLeadership,
+    /// The shell woke up at (or after) `poll_timeout`.
+    Timeout,
+}
+
+/// How loud a log line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Info,
+    Warn,
+    Error,
+}
+
+/// What the ICN asks its shell to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Send {
+        conn: ConnId,
+        msg: Message,
+    },
+    /// Close the connection (after the frames queued for it).
+    Close {
+        conn: ConnId,
+    },
+    Log {
+        level: Level,
+        line: String,
+    },
+    /// A TF ended: one `tfs.csv` row.
+    TfEnded(TfRow),
+    /// The run started now (the shell notes the wall-clock time).
+    RunStarted,
+}
+
+/// What the core is told once, at the start.
+pub struct CoreConfig {
+    pub run: Checked,
+    pub run_id: u64,
+    /// First TF id: 0, or above every id reserved in the registry before.
+    pub id_base: u64,
+    /// The registry's first membership snapshot (ZooKeeper), if it watches one.
+    pub registry_members: Option<Membership>,
+    /// Measures how long policy updates take, in ns (the shell's clock; simulations
+    /// and tests pass one that returns 0, which keeps them deterministic).
+    pub stopwatch_ns: fn() -> u64,
+}
+
+/// One registered control connection.
+pub(crate) struct Peer {
+    pub role: Role,
+    pub id: u32,
+    pub addr: SocketAddr,
+    pub data_addr: String,
+    pub ready: bool,
+    pub stats: bool,
+    /// Last frame from this peer: its lease (heartbeats every 100 ms).
+    pub last_seen: Now,
+    /// Mid-run (re)join: when it registered.
+    pub joined_at: Option<Now>,
+    /// A joining FLP: the EPNs (id, data address) it was told about ...
+    pub known_epns: Vec<(EpnId, String)>,
+    /// ... and those it still has to confirm before it enters the schedule.
+    pub awaiting: Vec<EpnId>,
+}
+
+impl Peer {
+    pub fn name(&self) -> String {
+        format!("{} {} ({})", self.role.name(), self.id, self.addr)
+    }
+}
+
+/// The ICN's whole state.
+pub struct IcnCore {
+    pub(crate) cfg: CoreConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) now: Now,
+    pub(crate) started: Now,
+    pub(crate) run_t0: Option<Now>,
+    pub(crate) phase: Phase,
+    pub(crate) phase_deadline: Option<Now>,
+    pub(crate) last_lease_check: Now,
+    pub(crate) peers: HashMap<ConnId, Peer>,
+    pub(crate) epns: BTreeMap<EpnId, ConnId>,
+    pub(crate) flps: BTreeMap<FlpId, ConnId>,
+    pub(crate) policy: Box<dyn Policy>,
+    pub(crate) ledger: Ledger,
+    /// Kept apart from the ledger, to check it: rows written per status.
+    pub(crate) tally: Tally,
+    /// TFs issued so far (the pacing count); a TF's id is `id_base + count`.
+    pub(crate) next_tf: u64,
+    /// Last membership snapshot from the registry (ZooKeeper), to see who left.
+    pub(crate) registry_members: Option<Membership>,
+    /// TFs issued while the policy said wait (no EPN had room), oldest first.
+    pub(crate) waiting: VecDeque<TfId>,
+    pub(crate) lost_leadership: bool,
+    /// Unthrottled runs: since when issuing waits for a missing node.
+    pub(crate) paused_since: Option<Now>,
+    /// EPNs joining mid-run: the FLPs that still have to confirm a data connection.
+    pub(crate) joining: BTreeMap<EpnId, (ConnId, Vec<FlpId>)>,
+    pub(crate) membership: Vec<MemberEvent>,
+    pub(crate) prerun_s: f64,
+    pub(crate) registered_s: f64,
+    pub(crate) node_stats: BTreeMap<String, BTreeMap<String, u64>>,
+    pub(crate) events: Vec<String>,
+    pub(crate) fatal: Option<String>,
+    outbox: VecDeque<Action>,
+}
+
+impl IcnCore {
+    /// A new ICN at time `now`, waiting for registrations until the pre-run time-out.
+    pub fn new(cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
+        let prerun_timeout = Duration::from_secs_f64(cfg.run.cfg.prerun_timeout_s);
+        IcnCore {
+            policy: cfg.run.cfg.build_policy(),
+            registry_members: cfg.registry_members.clone(),
+            cfg,
+            metrics,
+            now,
+            started: now,
+            run_t0: None,
+            phase: Phase::Registering,
+            phase_deadline: Some(now + prerun_timeout),
+            last_lease_check: now,
+            peers: HashMap::new(),
+            epns: BTreeMap::new(),
+            flps: BTreeMap::new(),
+            ledger: Ledger::new(),
+            tally: Tally::default(),
+            next_tf: 0,
+            waiting: VecDeque::new(),
+            lost_leadership: false,
+            paused_since: None,
+            joining: BTreeMap::new(),
+            membership: Vec::new(),
+            prerun_s: 0.0,
+            registered_s: 0.0,
+            node_stats: BTreeMap::new(),
+            events: Vec::new(),
+            fatal: None,
+            outbox: VecDeque::new(),
+        }
+    }
+
+    /// Feeds one input at time `now` (never earlier than the last one).
+    pub fn handle(&mut self, now: Now, input: Input) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = now.max(self.now);
+        match input {
+            Input::Registered { conn, peer, reg } => self.on_register(conn, peer, reg),
+            Input::Msg { conn, msg } => {
+                if let Some(p) = self.peers.get_mut(&conn) {
+                    p.last_seen = self.now;
+                    self.on_msg(conn, msg);
+                } else {
+                    // From a connection being closed (refused or dropped).
+                    self.metrics.error("ignored_frame");
+                }
+            }
+            Input::Closed { conn, err } => {
+                if self.peers.contains_key(&conn) {
+                    let why = err.unwrap_or_else(|| "connection closed".into());
+                    self.peer_gone(conn, &why);
+                }
+            }
+            Input::SendFailed { conn, why } => {
+                if let Some(p) = self.peers.get(&conn) {
+                    let line = format!("{}: {why}; dropping the peer", p.name());
+                    self.log(Level::Warn, line);
+                    self.metrics.error("peer_stuck");
+                    self.peer_gone(conn, &why);
+                }
+            }
+            Input::Membership(m) => self.on_membership(m),
+            Input::MembershipLost => {
+                self.log(
+                    Level::Warn,
+                    "the registry's membership watch ended; leases take over".into(),
+                );
+                self.registry_members = None;
+            }
+            Input::LostLeadership => self.on_lost_leadership(),
+            Input::Timeout => self.on_timeout(),
+        }
+        self.pump();
+        self.check_invariants();
+    }
+
+    /// The next action to carry out, in the order the core decided them.
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.outbox.pop_front()
+    }
+
+    /// When the shell must feed `Input::Timeout` next (None: only inputs matter).
+    pub fn poll_timeout(&self) -> Option<Now> {
+        let issue = match self.phase {
+            Phase::Running if self.cfg.run.paced() => Some(self.deadline_of(self.next_tf)),
+            _ => None,
+        };
+        let lease = self
+            .leases_active()
+            .then_some(self.last_lease_check + LEASE_CHECK);
+        [issue, self.phase_deadline, lease]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Why the run could not be run, if it could not.
+    pub fn fatal(&self) -> Option<&str> {
+        self.fatal.as_deref()
+    }
+
+    /// (issued, ended, total TFs configured or 0): the `PROGRESS` line.
+    pub fn progress(&self) -> (u64, u64, u64) {
+        let ended = self.ledger.issued - self.ledger.pending() as u64;
+        let total = self.cfg.run.total_tfs.unwrap_or(0);
+        (self.ledger.issued, ended, total)
+    }
+
+    /// TFs pending at the ICN (issued, not ended).
+    pub fn in_flight(&self) -> usize {
+        self.ledger.pending()
+    }
+
+    /// Microseconds since the run started (0 before).
+    pub(crate) fn now_us(&self) -> u64 {
+        self.run_t0
+            .map(|t| self.now.saturating_sub(t).as_micros() as u64)
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn send(&mut self, conn: ConnId, msg: Message) {
+        if self.peers.contains_key(&conn) {
+            self.outbox.push_back(Action::Send { conn, msg });
+        }
+    }
+
+    /// Sends to a connection the core holds no peer for (a refused registration).
+    pub(crate) fn send_raw(&mut self, conn: ConnId, msg: Message) {
+        self.outbox.push_back(Action::Send { conn, msg });
+    }
+
+    pub(crate) fn close(&mut self, conn: ConnId) {
+        self.outbox.push_back(Action::Close { conn });
+    }
+
+    pub(crate) fn log(&mut self, level: Level, line: String) {
+        self.outbox.push_back(Action::Log { level, line });
+    }
+
+    pub(crate) fn emit(&mut self, action: Action) {
+        self.outbox.push_back(action);
+    }
+
+    /// The accounting invariants, checked after every input in debug builds.
+    fn check_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(self.ledger.invariant_holds(), "ledger sum broken");
+        let ended = self.tally.completed + self.tally.incomplete + self.tally.dropped;
+        assert_eq!(
+            ended + self.ledger.pending() as u64,
+            self.ledger.issued,
+            "tally and ledger disagree"
+        );
+        assert!(self.ledger.issued <= self.next_tf, "more TFs than ids");
+        for tf in &self.waiting {
+            if self.ledger.is_pending(*tf) {
+                assert_eq!(self.ledger.assigned(*tf), None, "waiting TF {tf} assigned");
+            }
+        }
+        for (&epn, conn) in &self.epns {
+            let p = self.peers.get(conn).expect("scheduled EPN has a peer");
+            assert!(
+                p.role == Role::Epn && p.id == epn,
+                "EPN table points elsewhere"
+            );
+        }
+        for (&flp, conn) in &self.flps {
+            let p = self.peers.get(conn).expect("scheduled FLP has a peer");
+            assert!(
+                p.role == Role::Flp && p.id == flp,
+                "FLP table points elsewhere"
+            );
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The run's life: all registered -> Prepare, all ready -> RunStart, issuing until the
+//! configured length, drain, RunStop and run-end counters, time-outs, and the summary.
+
+use std::time::Duration;
+
+use fanin_proto::{EpnEntry, Message, Prepare, Reason};
+
+use super::{Action, ConnId, IcnCore, Level, Phase, STOP_WAIT};
+use crate::config::size_to_wire;
+use crate::icn::summary::Summary;
+
+impl IcnCore {
+    pub(super) fn prepare_msg(&self) -> Prepare {
+        let run = &self.cfg.run;
+        Prepare {
+            run_id: self.cfg.run_id,
+            flps: run.cfg.flps,
+            build_timeout_ms: run.cfg.build_timeout_ms.min(u32::MAX as u64) as u32,
+            crc: run.cfg.crc,
+            size: size_to_wire(run.stf_size),
+            seed: run.cfg.seed,
+            retain: run.cfg.reassign,
+        }
+    }
+
+    /// All nodes registered: tell EPNs the run parameters, FLPs the EPN list.
+    pub(super) fn prepare(&mut self) {
+        self.registered_s = self.now.saturating_sub(self.started).as_secs_f64();
+        self.phase = Phase::Preparing;
+        let prep = self.prepare_msg();
+        let list: Vec<EpnEntry> = self.epn_list();
+        for c in self.epns.values().copied().collect::<Vec<_>>() {
+            self.send(c, Message::Prepare(prep.clone()));
+        }
+        for c in self.flps.values().copied().collect::<Vec<_>>() {
+            self.send(c, Message::Prepare(prep.clone()));
+            self.send(c, Message::EpnList(list.clone()));
+        }
+    }
+
+    pub(super) fn start_run(&mut self) {
+        let now = self.now;
+        self.prerun_s = now.saturating_sub(self.started).as_secs_f64();
+        let line = format!(
+            "pre-run took {:.3} s (registration {:.3} s, connections {:.3} s); run {} starts",
+            self.prerun_s,
+            self.registered_s,
+            self.prerun_s - self.registered_s,
+            self.cfg.run_id
+        );
+        self.log(Level::Info, line);
+        self.run_t0 = Some(now);
+        self.emit(Action::RunStarted);
+        for p in self.peers.values_mut() {
+            p.last_seen = now;
+        }
+        self.phase = Phase::Running;
+        self.last_lease_check = now;
+        self.phase_deadline = if self.cfg.run.paced() {
+            None
+        } else {
+            self.cfg.run.configured_duration.map(|d| now + d)
+        };
+        for &epn in self.epns.keys() {
+            self.policy.add_epn(epn);
+        }
+        self.broadcast(Message::RunStart {
+            run_id: self.cfg.run_id,
+        });
+    }
+
+    /// Sends `msg` to every registered node, in connection order.
+    fn broadcast(&mut self, msg: Message) {
+        let mut conns: Vec<ConnId> = self.peers.keys().copied().collect();
+        conns.sort_unstable();
+        for c in conns {
+            self.send(c, msg.clone());
+        }
+    }
+
+    /// Time passed: leases, then the phase's deadline (paced issuing is `pump`'s).
+    pub(super) fn on_timeout(&mut self) {
+        if self.now >= self.last_lease_check + super::LEASE_CHECK {
+            self.check_leases();
+        }
+        let Some(deadline) = self.phase_deadline else {
+            return;
+        };
+        if self.now < deadline {
+            return;
+        }
+        match self.phase {
+            Phase::Registering | Phase::Preparing => self.prerun_timed_out(),
+            Phase::Running => self.begin_drain(),
+            Phase::Draining => {
+                let line = format!(
+                    "drain time-out with {} TFs outstanding",
+                    self.ledger.pending()
+                );
+                self.log(Level::Warn, line);
+                self.begin_stop();
+            }
+            Phase::Stopping => {
+                let mut missing: Vec<String> = self
+                    .peers
+                    .values()
+                    .filter(|p| !p.stats)
+                    .map(|p| p.name())
+                    .collect();
+                missing.sort();
+                self.log(Level::Warn, format!("no run-end counters from {missing:?}"));
+                self.events
+                    .push(format!("no run-end counters from {}", missing.join(", ")));
+                self.phase = Phase::Done;
+            }
+            Phase::Done => {}
+        }
+    }
+
+    fn prerun_timed_out(&mut self) {
+        let cfg = &self.cfg.run.cfg;
+        let missing_flps: Vec<u32> = (0..cfg.flps)
+            .filter(|i| !self.flps.contains_key(i))
+            .collect();
+        self.fatal = Some(format!(
+            "pre-run timed out after {} s in phase {:?}: {} of {} EPNs and {} of {} FLPs registered (missing FLP ids {:?}), {} nodes not ready",
+            cfg.prerun_timeout_s,
+            self.phase,
+            self.epns.len(),
+            cfg.epns,
+            self.flps.len(),
+            cfg.flps,
+            missing_flps,
+            self.peers.values().filter(|p| !p.ready).count()
+        ));
+        self.phase = Phase::Done;
+    }
+
+    pub(super) fn on_lost_leadership(&mut self) {
+        if self.lost_leadership {
+            return;
+        }
+        // Another ICN may lead now: stop issuing, end the run and write its summary.
+        self.lost_leadership = true;
+        let msg = "lost leadership: this ICN's registry session expired; the run ends here";
+        self.log(Level::Warn, msg.into());
+        self.events.push(msg.into());
+        match self.phase {
+            Phase::Running | Phase::Draining => self.begin_stop(),
+            Phase::Registering | Phase::Preparing => {
+                self.fatal = Some("lost leadership before the run started".into());
+                self.phase = Phase::Done;
+            }
+            Phase::Stopping | Phase::Done => {}
+        }
+    }
+
+    pub(super) fn begin_drain(&mut self) {
+        self.phase = Phase::Draining;
+        self.phase_deadline = Some(self.now + self.cfg.run.drain_timeout());
+        let line = format!(
+            "issued {} TFs; draining {} in flight",
+            self.ledger.issued,
+            self.ledger.pending()
+        );
+        self.log(Level::Info, line);
+    }
+
+    pub(super) fn begin_stop(&mut self) {
+        // TFs still waiting for an EPN never got one.
+        let now = self.now_us();
+        while let Some(tf) = self.waiting.pop_front() {
+            if let Some(row) = self.ledger.flp_dropped(tf, Reason::EpnsBusy, now) {
+                self.ended(&row);
+            }
+        }
+        self.phase = Phase::Stopping;
+        self.phase_deadline = Some(self.now + STOP_WAIT);
+        self.broadcast(Message::RunStop {
+            run_id: self.cfg.run_id,
+        });
+        if self.peers.is_empty() {
+            self.phase = Phase::Done;
+        }
+    }
+
+    /// Ends the run at `now`: every TF still pending ends as `unacknowledged`, and the
+    /// summary is built (the shell writes it, and the rows still in the outbox).
+    pub fn finish(&mut self, now: Duration) -> Summary {
+        self.now = now.max(self.now);
+        let rows = self.ledger.close_all(Reason::Unacknowledged, self.now_us());
+        for r in &rows {
+            self.ended(r);
+        }
+        if !rows.is_empty() {
+            let line = format!("{} TFs never acknowledged (unacknowledged)", rows.len());
+            self.events.push(line);
+        }
+        self.tally.ids = self.next_tf;
+        let summary = Summary::build(
+            self.cfg.run_id,
+            &self.cfg.run,
+            &self.ledger,
+            &self.tally,
+            self.prerun_s,
+            std::mem::take(&mut self.node_stats),
+            std::mem::take(&mut self.events),
+        );
+        self.phase = Phase::Done;
+        Summary {
+            policy_resets: self.policy.resets(),
+            membership: std::mem::take(&mut self.membership),
+            ..summary
+        }
+    }
+}
