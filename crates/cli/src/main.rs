@@ -1,17 +1,7 @@
 //! The `fanin` command: one binary for every role (icn, flp, epn), whole local runs
 //! (`run`), and benchmarks (`bench`). Errors print as one line and exit non-zero.
 
-mod bench;
-mod experiment;
-mod fabric;
-mod faults;
-mod flow;
-mod orchestrate;
-mod plot;
 mod sim;
-mod sim_report;
-mod table;
-mod testbed;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -19,9 +9,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use fanin_lab::{bench, clock_run_id, experiment, orchestrate, plot, table, testbed, RunOverrides};
 use fanin_node::registry::runtime::RegistryOpts;
 use fanin_node::{epn, flp, icn, RunConfig};
-use fanin_sched::{parse_bytes, PolicyKind};
+use fanin_sched::parse_bytes;
 
 #[derive(Parser)]
 #[command(
@@ -60,84 +51,6 @@ enum Cmd {
     /// An emulated cluster: network namespaces behind a bridge, tc-shaped links (root).
     #[command(subcommand)]
     Testbed(testbed::TestbedCmd),
-}
-
-/// Run parameters that can override the configuration file.
-#[derive(Args, Debug, Default, Clone)]
-pub struct RunOverrides {
-    /// Number of FLPs.
-    #[arg(long)]
-    pub flps: Option<u32>,
-    /// Number of EPNs.
-    #[arg(long)]
-    pub epns: Option<u32>,
-    /// TF rate in Hz (0 = unthrottled).
-    #[arg(long)]
-    pub rate: Option<f64>,
-    /// Run length in TFs.
-    #[arg(long, conflicts_with = "duration")]
-    pub tfs: Option<u64>,
-    /// Run length in seconds.
-    #[arg(long)]
-    pub duration: Option<f64>,
-    /// STF size: 1MiB, uniform(MIN,MAX), sine(MEAN,AMPL,PERIOD), random(MEAN,SPREAD).
-    #[arg(long)]
-    pub stf_size: Option<String>,
-    /// Load-balancing policy.
-    #[arg(long)]
-    pub policy: Option<PolicyKind>,
-    /// EPN build time-out in milliseconds.
-    #[arg(long)]
-    pub build_timeout_ms: Option<u64>,
-    /// CRC32C on STF payloads (true/false).
-    #[arg(long)]
-    pub crc: Option<bool>,
-    /// Most TFs in flight at once.
-    #[arg(long)]
-    pub max_inflight: Option<u64>,
-    /// Seed of STF sizes and contents.
-    #[arg(long)]
-    pub seed: Option<u64>,
-}
-
-impl RunOverrides {
-    pub fn apply(&self, c: &mut RunConfig) {
-        if let Some(v) = self.flps {
-            c.flps = v;
-        }
-        if let Some(v) = self.epns {
-            c.epns = v;
-        }
-        if let Some(v) = self.rate {
-            c.rate_hz = v;
-        }
-        if let Some(v) = self.tfs {
-            c.tfs = Some(v);
-            c.duration_s = None;
-        }
-        if let Some(v) = self.duration {
-            c.duration_s = Some(v);
-            c.tfs = None;
-        }
-        if let Some(v) = &self.stf_size {
-            c.stf_size = v.clone();
-        }
-        if let Some(v) = self.policy {
-            c.policy = v;
-        }
-        if let Some(v) = self.build_timeout_ms {
-            c.build_timeout_ms = v;
-        }
-        if let Some(v) = self.crc {
-            c.crc = v;
-        }
-        if let Some(v) = self.max_inflight {
-            c.max_inflight = v;
-        }
-        if let Some(v) = self.seed {
-            c.seed = v;
-        }
-    }
 }
 
 #[derive(Args)]
@@ -247,13 +160,6 @@ fn bytes_arg(field: &str, v: &str) -> anyhow::Result<u64> {
 fn connect_timeout(secs: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(secs)
         .map_err(|_| anyhow::anyhow!("--connect-timeout: {secs} is not a duration in seconds"))
-}
-
-pub fn clock_run_id() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 async fn main_async(cli: Cli) -> anyhow::Result<()> {

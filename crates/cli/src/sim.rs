@@ -8,7 +8,7 @@ use clap::Args;
 use fanin_sim::workload::Bio;
 use fanin_sim::{SimConfig, SimSummary, Transport};
 
-use crate::sim_report;
+use fanin_lab::sim_report;
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -102,24 +102,28 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     if let Some(f) = a
         .file
         .as_deref()
-        .filter(|f| crate::fabric::is_fabric_file(f))
+        .filter(|f| fanin_lab::fabric::is_fabric_file(f))
     {
-        return crate::fabric::run_file(f, &a.results, &a.only, a.seed);
+        return fanin_lab::fabric::run_file(f, &a.results, &a.only, a.seed);
     }
     if let Some(f) = a
         .file
         .as_deref()
-        .filter(|f| crate::fabric::is_build_file(f))
+        .filter(|f| fanin_lab::fabric::is_build_file(f))
     {
-        return crate::fabric::run_build_file(f, &a.results, &a.only);
+        return fanin_lab::fabric::run_build_file(f, &a.results, &a.only);
     }
-    if let Some(f) = a.file.as_deref().filter(|f| crate::flow::is_alice_file(f)) {
-        let exp = crate::flow::load(f)?;
-        return crate::flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration);
+    if let Some(f) = a
+        .file
+        .as_deref()
+        .filter(|f| fanin_lab::flow::is_alice_file(f))
+    {
+        let exp = fanin_lab::flow::load(f)?;
+        return fanin_lab::flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration);
     }
     if let Some(p) = a.preset.as_deref().filter(|p| p.starts_with("alice-")) {
-        let exp = crate::flow::from_preset(p);
-        return crate::flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration);
+        let exp = fanin_lab::flow::from_preset(p);
+        return fanin_lab::flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration);
     }
     let mut exp = match &a.file {
         Some(p) => sim_report::load(p)?,
@@ -146,7 +150,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     }
     let root = a.results.join(format!(
         "{}-sim-{}",
-        crate::orchestrate::timestamp(),
+        fanin_lab::orchestrate::timestamp(),
         exp.name
     ));
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
@@ -158,7 +162,7 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
     );
     let mut done: Vec<(sim_report::Run, SimSummary)> = Vec::new();
     for r in &exp.runs {
-        let dir = root.join(crate::orchestrate::sanitize(&r.label));
+        let dir = root.join(fanin_lab::orchestrate::sanitize(&r.label));
         let s = sim_report::run_one(r, &dir, a.fragments_csv)?;
         println!("[{}] {}", r.label, s.line());
         done.push((r.clone(), s));

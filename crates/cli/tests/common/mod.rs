@@ -68,12 +68,17 @@ impl Proc {
     }
 }
 
+/// A port no one listens on, below the kernel's ephemeral range (32768 and up), so that
+/// no outgoing connection (a node retrying its ICN) takes it before a node binds it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = 20_000 + (std::process::id().wrapping_mul(37).wrapping_add(n) % 12_000);
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
 }
 
 /// A running ICN with its control and metrics addresses and its stdout lines.

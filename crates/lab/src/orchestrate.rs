@@ -15,9 +15,9 @@ use tokio::process::{Child, Command};
 
 use crate::experiment::{self, ControlNet, Experiment, Placement};
 use crate::faults::{Action, Fault, FaultResult, Injector, NodeProc, Nodes};
+use crate::overrides::RunOverrides;
 use crate::table::{self, RunRow};
 use crate::testbed::{self, Spec};
-use crate::RunOverrides;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -314,7 +314,7 @@ pub async fn run_on(
         url => Some(format!(
             "{}/{}",
             url.trim_end_matches('/'),
-            crate::clock_run_id()
+            crate::overrides::clock_run_id()
         )),
     };
     let registry_args: Vec<String> = match &registry_url {
@@ -344,7 +344,7 @@ pub async fn run_on(
         .arg(&cfg_path)
         .arg("--results-dir")
         .arg(dir)
-        .args(["--run-id", &crate::clock_run_id().to_string()])
+        .args(["--run-id", &crate::overrides::clock_run_id().to_string()])
         .args(&registry_args)
         .stdout(Stdio::piped())
         .stderr(log("icn.log")?)
@@ -377,7 +377,10 @@ pub async fn run_on(
             .arg(&cfg_path)
             .arg("--results-dir")
             .arg(&standby_dir)
-            .args(["--run-id", &(crate::clock_run_id() + 1).to_string()])
+            .args([
+                "--run-id",
+                &(crate::overrides::clock_run_id() + 1).to_string(),
+            ])
             .args(&registry_args)
             .stdout(Stdio::piped())
             .stderr(log("icn-standby.log")?)

@@ -1,0 +1,17 @@
+//! fanin's laboratory: runtime experiment files, launching clusters of real processes
+//! (on loopback or a testbed), fault injection, tables, plots and benchmarks.
+//! The `fanin` binary parses arguments and calls in here; tests use it the same way.
+
+pub mod bench;
+pub mod experiment;
+pub mod fabric;
+pub mod faults;
+pub mod flow;
+pub mod orchestrate;
+pub mod overrides;
+pub mod plot;
+pub mod sim_report;
+pub mod table;
+pub mod testbed;
+
+pub use overrides::{clock_run_id, RunOverrides};
