@@ -3,12 +3,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::Args;
 use fanin_sim::workload::Bio;
-use fanin_sim::{SimConfig, SimSummary, Transport};
+use fanin_sim::{SimConfig, Transport};
 
-use fanin_lab::sim_report;
+use fanin_sim::experiment::{fabric, flow, model_of, packet, Model};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -99,35 +98,29 @@ impl SimArgs {
 }
 
 pub fn run(a: SimArgs) -> anyhow::Result<()> {
-    if let Some(f) = a
-        .file
-        .as_deref()
-        .filter(|f| fanin_lab::fabric::is_fabric_file(f))
-    {
-        return fanin_lab::fabric::run_file(f, &a.results, &a.only, a.seed);
+    let model = match (&a.file, a.preset.as_deref()) {
+        (Some(f), _) => model_of(f)?,
+        (None, Some(p)) if p.starts_with("alice-") => Model::Flow,
+        _ => Model::Packet,
+    };
+    match (model, &a.file) {
+        (Model::Fabric, Some(f)) => fabric::run_file(f, &a.results, &a.only, a.seed),
+        (Model::Build, Some(f)) => fabric::run_build_file(f, &a.results, &a.only),
+        (Model::Flow, f) => {
+            let exp = match f {
+                Some(f) => flow::load(f)?,
+                None => flow::from_preset(a.preset.as_deref().unwrap_or("alice-2016")),
+            };
+            flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration)
+        }
+        _ => run_packet(&a),
     }
-    if let Some(f) = a
-        .file
-        .as_deref()
-        .filter(|f| fanin_lab::fabric::is_build_file(f))
-    {
-        return fanin_lab::fabric::run_build_file(f, &a.results, &a.only);
-    }
-    if let Some(f) = a
-        .file
-        .as_deref()
-        .filter(|f| fanin_lab::flow::is_alice_file(f))
-    {
-        let exp = fanin_lab::flow::load(f)?;
-        return fanin_lab::flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration);
-    }
-    if let Some(p) = a.preset.as_deref().filter(|p| p.starts_with("alice-")) {
-        let exp = fanin_lab::flow::from_preset(p);
-        return fanin_lab::flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration);
-    }
+}
+
+fn run_packet(a: &SimArgs) -> anyhow::Result<()> {
     let mut exp = match &a.file {
-        Some(p) => sim_report::load(p)?,
-        None => sim_report::single(SimConfig {
+        Some(p) => packet::load(p)?,
+        None => packet::single(SimConfig {
             preset: Some("antares-sector".into()),
             ..SimConfig::default()
         }),
@@ -148,33 +141,5 @@ pub fn run(a: SimArgs) -> anyhow::Result<()> {
             .resolve()
             .map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
     }
-    let root = a.results.join(format!(
-        "{}-sim-{}",
-        fanin_lab::orchestrate::timestamp(),
-        exp.name
-    ));
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
-    println!(
-        "fanin sim: {:?}, {} run(s); results in {}",
-        exp.name,
-        exp.runs.len(),
-        root.display()
-    );
-    let mut done: Vec<(sim_report::Run, SimSummary)> = Vec::new();
-    for r in &exp.runs {
-        let dir = root.join(fanin_lab::orchestrate::sanitize(&r.label));
-        let s = sim_report::run_one(r, &dir, a.fragments_csv)?;
-        println!("[{}] {}", r.label, s.line());
-        done.push((r.clone(), s));
-    }
-    let table = sim_report::table(&done);
-    println!("\n{table}");
-    std::fs::write(root.join("table.txt"), &table)?;
-    std::fs::write(root.join("table.csv"), sim_report::csv(&done))?;
-    println!("results: {}", root.display());
-    anyhow::ensure!(
-        done.iter().all(|(_, s)| s.invariant_ok),
-        "accounting invariant violated"
-    );
-    Ok(())
+    packet::run_experiment(&exp, &a.results, a.fragments_csv)
 }

@@ -107,3 +107,54 @@ fn bad_simulation_input_is_one_line_naming_the_field() {
         );
     }
 }
+
+#[test]
+fn every_simulation_model_keeps_its_results_inside_the_results_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        "model = \"packet\"\nname = \"../../../x\"\n[sim]\npreset = \"antares-sector\"\nduration_s = 0.05\n",
+        "model = \"flow\"\nname = \"../../../x\"\npolicies = [\"round-robin\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n",
+        "model = \"build\"\nname = \"../../../x\"\npolicies = [\"round-robin\"]\n[build]\nk = 4\nduration_s = 0.1\n",
+    ];
+    for (i, text) in files.iter().enumerate() {
+        let exp = dir.path().join(format!("e{i}.toml"));
+        std::fs::write(&exp, text).unwrap();
+        let results = dir.path().join("work").join("results");
+        let out = fanin()
+            .arg("sim")
+            .arg(&exp)
+            .arg("--results")
+            .arg(&results)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}: {err}");
+        let inside: Vec<_> = std::fs::read_dir(&results).unwrap().collect();
+        assert_eq!(inside.len(), i + 1, "{text}: one directory per run");
+        let outside: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".toml") && n != "work")
+            .collect();
+        assert!(outside.is_empty(), "{text}: wrote {outside:?} outside");
+    }
+}
+
+#[test]
+fn a_file_for_the_other_subcommand_names_the_right_one() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../experiments/");
+    for (cmd, file, hint) in [
+        ("run", "antares-tcp.toml", "use `fanin sim`"),
+        ("sim", "default.toml", "use `fanin run`"),
+    ] {
+        let out = fanin()
+            .arg(cmd)
+            .arg(format!("{root}{file}"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{cmd} {file}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(hint), "{cmd} {file}: {err}");
+    }
+}

@@ -103,7 +103,7 @@ fn flow_speed(a: FlowBenchArgs) -> anyhow::Result<()> {
     }
     let t = std::time::Instant::now();
     let dir = std::env::temp_dir().join(format!("fanin-bench-flow-{}", std::process::id()));
-    crate::fabric::run_file(
+    fanin_sim::experiment::fabric::run_file(
         std::path::Path::new("experiments/fattree-thesis.toml"),
         &dir,
         &[],
@@ -241,7 +241,7 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
     );
     let root = a
         .results
-        .join(format!("{}-bench-throughput", orchestrate::timestamp()));
+        .join(format!("{}-bench-throughput", fanin_report::timestamp()));
     let mut reference = Vec::new();
     let mut fanin: Vec<Vec<(f64, f64)>> = vec![Vec::new(); cases.len()];
     for r in 0..a.repeat {

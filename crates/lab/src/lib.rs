@@ -4,13 +4,10 @@
 
 pub mod bench;
 pub mod experiment;
-pub mod fabric;
 pub mod faults;
-pub mod flow;
 pub mod orchestrate;
 pub mod overrides;
 pub mod plot;
-pub mod sim_report;
 pub mod table;
 pub mod testbed;
 

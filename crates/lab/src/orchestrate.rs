@@ -64,9 +64,11 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
     if reps == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let root = a
-        .results
-        .join(format!("{}-{}", timestamp(), sanitize(&exp.name)));
+    let root = a.results.join(format!(
+        "{}-{}",
+        fanin_report::timestamp(),
+        fanin_report::sanitize(&exp.name)
+    ));
     let single = exp.configs.len() == 1 && reps == 1;
     let net = match (&exp.testbed, a.local) {
         (Some(p), false) => Some(OnTestbed::new(testbed::load(&p.name)?, p.clone())?),
@@ -749,42 +751,4 @@ fn last_line(p: &Path) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| format!("(no output in {})", p.display()))
-}
-
-/// A name safe as a directory name: letters, digits, `-` and `_`; anything else `_`.
-pub fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
-/// UTC `YYYYMMDD-HHMMSS-mmm` (civil-from-days, Howard Hinnant's algorithm).
-pub fn timestamp() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let secs = now.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}-{:03}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        now.subsec_millis()
-    )
 }

@@ -5,6 +5,7 @@ pub mod compare;
 pub mod config;
 pub mod engine;
 pub mod event;
+pub mod experiment;
 pub mod fabric;
 pub mod flow;
 pub mod net;

@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::world::NEVER;
+use crate::{SimConfig, SimSummary, Transport};
 use anyhow::{bail, Context};
-use fanin_sim::world::NEVER;
-use fanin_sim::{SimConfig, SimSummary, Transport};
 use toml::{Table, Value};
 
 #[derive(Debug, Clone)]
@@ -59,7 +59,8 @@ fn text(v: Option<&Value>) -> Option<String> {
 }
 
 pub fn load(path: &Path) -> anyhow::Result<SimExperiment> {
-    let (doc, origin) = crate::experiment::read_doc(path, &["name", "description", "sim", "run"])?;
+    let (doc, origin) =
+        fanin_report::doc::read_doc(path, &["model", "name", "description", "sim", "run"])?;
     let name = doc
         .get("name")
         .and_then(Value::as_str)
@@ -74,7 +75,7 @@ pub fn load(path: &Path) -> anyhow::Result<SimExperiment> {
         Some(Value::Table(t)) => t.clone(),
         Some(_) => bail!("experiment {origin}: `sim` must be a table"),
     };
-    let rows = crate::experiment::rows_over(&doc, "run", &base, META, &origin)?;
+    let rows = fanin_report::doc::rows_over(&doc, "run", &base, META, &origin)?;
     let mut runs = Vec::new();
     for r in rows {
         let (label, row, t) = (r.label, r.raw, r.merged);
@@ -101,8 +102,7 @@ pub fn load(path: &Path) -> anyhow::Result<SimExperiment> {
 
 /// Runs one simulation and writes its files into `dir`.
 pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSummary> {
-    let w =
-        fanin_sim::simulate(r.cfg.clone()).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
+    let w = crate::simulate(r.cfg.clone()).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
     let s = SimSummary::of(&w);
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("config.toml"), toml::to_string(&r.cfg)?)?;
@@ -177,7 +177,7 @@ pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSu
 }
 
 /// Network delay of every fragment against its slice, like the thesis's Figures 4.1-4.2.
-fn delay_plot(w: &fanin_sim::World, title: &str) -> String {
+fn delay_plot(w: &crate::World, title: &str) -> String {
     let pts: Vec<(u64, f64)> = w
         .frags
         .iter()
@@ -306,7 +306,7 @@ pub fn table(rows: &[(Run, SimSummary)]) -> String {
         c.push(s.tfs_incomplete.to_string());
         cells.push(c);
     }
-    crate::table::align(&cells)
+    fanin_report::align(&cells)
 }
 
 pub fn csv(rows: &[(Run, SimSummary)]) -> String {
@@ -339,4 +339,37 @@ pub fn csv(rows: &[(Run, SimSummary)]) -> String {
         );
     }
     out
+}
+
+/// Runs every run of a (resolved) packet-model experiment: one directory per run, the
+/// table beside the published values, `table.txt` and `table.csv`.
+pub fn run_experiment(
+    exp: &SimExperiment,
+    results: &Path,
+    fragments_csv: bool,
+) -> anyhow::Result<()> {
+    let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
+    println!(
+        "fanin sim: {:?}, {} run(s); results in {}",
+        exp.name,
+        exp.runs.len(),
+        root.display()
+    );
+    let mut done: Vec<(Run, SimSummary)> = Vec::new();
+    for r in &exp.runs {
+        let dir = fanin_report::row_dir(&root, &r.label);
+        let s = run_one(r, &dir, fragments_csv)?;
+        println!("[{}] {}", r.label, s.line());
+        done.push((r.clone(), s));
+    }
+    let table = table(&done);
+    println!("\n{table}");
+    std::fs::write(root.join("table.txt"), &table)?;
+    std::fs::write(root.join("table.csv"), csv(&done))?;
+    println!("results: {}", root.display());
+    anyhow::ensure!(
+        done.iter().all(|(_, s)| s.invariant_ok),
+        "accounting invariant violated"
+    );
+    Ok(())
 }

@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::flow::alice::{run, AliceConfig, AliceSummary};
 use anyhow::{bail, Context};
 use fanin_sched::PolicyKind;
-use fanin_sim::flow::alice::{run, AliceConfig, AliceSummary};
 use toml::Value;
 
 pub struct AliceRun {
@@ -21,14 +21,11 @@ pub struct AliceExperiment {
     pub runs: Vec<AliceRun>,
 }
 
-/// True when the file is an ALICE flow-model experiment (it has an `[alice]` table).
-pub fn is_alice_file(path: &Path) -> bool {
-    crate::experiment::has_table(path, "alice")
-}
-
 pub fn load(path: &Path) -> anyhow::Result<AliceExperiment> {
-    let (doc, origin) =
-        crate::experiment::read_doc(path, &["name", "description", "policies", "alice", "run"])?;
+    let (doc, origin) = fanin_report::doc::read_doc(
+        path,
+        &["model", "name", "description", "policies", "alice", "run"],
+    )?;
     let name = doc
         .get("name")
         .and_then(Value::as_str)
@@ -51,7 +48,7 @@ pub fn load(path: &Path) -> anyhow::Result<AliceExperiment> {
         Some(Value::Table(t)) => t.clone(),
         _ => bail!("experiment {origin}: `alice` must be a table"),
     };
-    let rows = crate::experiment::rows_over(&doc, "run", &base, &[], &origin)?;
+    let rows = fanin_report::doc::rows_over(&doc, "run", &base, &[], &origin)?;
     let mut runs = Vec::new();
     for r in rows {
         let (label, t) = (r.label, r.merged);
@@ -153,7 +150,7 @@ fn table(rows: &[(String, AliceSummary, f64)]) -> String {
             format!("{wall:.1}"),
         ]);
     }
-    crate::table::align(&cells)
+    fanin_report::align(&cells)
 }
 
 pub fn run_experiment(
@@ -170,12 +167,7 @@ pub fn run_experiment(
             "--only {only:?}: no run has those labels"
         );
     }
-    let root = results.join(format!(
-        "{}-sim-{}",
-        crate::orchestrate::timestamp(),
-        exp.name
-    ));
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?} on the flow model, {} run(s) x {} policies; results in {}",
         exp.name,
@@ -197,11 +189,7 @@ pub fn run_experiment(
             let wall = std::time::Instant::now();
             let s = run(&cfg).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
             let wall = wall.elapsed().as_secs_f64();
-            let dir = root.join(format!(
-                "{}-{}",
-                crate::orchestrate::sanitize(&r.label),
-                p.name()
-            ));
+            let dir = root.join(format!("{}-{}", fanin_report::sanitize(&r.label), p.name()));
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("config.toml"), toml::to_string(&cfg)?)?;
             std::fs::write(

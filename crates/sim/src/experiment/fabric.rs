@@ -2,10 +2,10 @@
 //! scenario over its seeds and prints seed 002's Tables 5.1-5.4 beside ours, with plots.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::fabric::{run, FabricConfig, FabricRun};
 use anyhow::{bail, Context};
-use fanin_sim::fabric::{run, FabricConfig, FabricRun};
 use toml::{Table, Value};
 
 /// The four published columns of a thesis table, one value per 10 s sample.
@@ -38,15 +38,17 @@ const META: &[&str] = &[
     "published_bb_tx",
 ];
 
-/// True when the file is a fat-tree experiment (it has a `[fabric]` table).
-pub fn is_fabric_file(path: &Path) -> bool {
-    crate::experiment::has_table(path, "fabric")
-}
-
 pub fn load(path: &Path) -> anyhow::Result<FabricExperiment> {
-    let (doc, origin) = crate::experiment::read_doc(
+    let (doc, origin) = fanin_report::doc::read_doc(
         path,
-        &["name", "description", "repetitions", "fabric", "scenario"],
+        &[
+            "model",
+            "name",
+            "description",
+            "repetitions",
+            "fabric",
+            "scenario",
+        ],
     )?;
     let name = doc
         .get("name")
@@ -62,7 +64,7 @@ pub fn load(path: &Path) -> anyhow::Result<FabricExperiment> {
         Some(Value::Table(t)) => t.clone(),
         _ => bail!("experiment {origin}: `fabric` must be a table"),
     };
-    let rows = crate::experiment::rows_over(&doc, "scenario", &base, META, &origin)?;
+    let rows = fanin_report::doc::rows_over(&doc, "scenario", &base, META, &origin)?;
     let mut scenarios = Vec::new();
     for r in rows {
         let (label, row, t) = (r.label, r.raw, r.merged);
@@ -166,7 +168,7 @@ pub fn table(s: &Scenario, m: &Mean, seeds: u32) -> String {
         Some(tb) => format!("Table {tb} - {} (mean of {seeds} seeds)", s.label),
         None => format!("{} (mean of {seeds} seeds; not in the thesis)", s.label),
     };
-    format!("{title}\n{}", crate::table::align(&cells))
+    format!("{title}\n{}", fanin_report::align(&cells))
 }
 
 fn csv_mean(m: &Mean) -> String {
@@ -305,12 +307,7 @@ pub fn run_file(
             "--only {only:?}: no scenario has those labels"
         );
     }
-    let root: PathBuf = results.join(format!(
-        "{}-sim-{}",
-        crate::orchestrate::timestamp(),
-        exp.name
-    ));
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?}, {} scenario(s) x {} seed(s); results in {}",
         exp.name,
@@ -322,7 +319,7 @@ pub fn run_file(
     let mut all_tables = String::new();
     let wall = std::time::Instant::now();
     for sc in &exp.scenarios {
-        let dir = root.join(crate::orchestrate::sanitize(&sc.label));
+        let dir = root.join(fanin_report::sanitize(&sc.label));
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("config.toml"), toml::to_string(&sc.cfg)?)?;
         let base = seed.unwrap_or(sc.cfg.seed);
@@ -365,7 +362,7 @@ pub fn run_file(
             .zip(&means)
             .filter(|(s, _)| &s.cfg.pattern == p)
             .collect();
-        let slug = crate::orchestrate::sanitize(p);
+        let slug = fanin_report::sanitize(p);
         std::fs::write(
             root.join(format!("level-{slug}.svg")),
             chart(&format!("Core Link Load Balancing Level, {p}"), 0, &rows),
@@ -383,18 +380,15 @@ pub fn run_file(
     Ok(())
 }
 
-/// True when the file is an event-building-over-a-fat-tree experiment (`[build]`).
-pub fn is_build_file(path: &Path) -> bool {
-    crate::experiment::has_table(path, "build")
-}
-
 /// Runs a `[build]` file: every `[[run]]` row (routing, Hedera, load...) with every
 /// policy in `crates/sched` (or `policies = [...]`), one table row each.
 pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::Result<()> {
+    use crate::fabric::build::{run as build, BuildConfig};
     use fanin_sched::PolicyKind;
-    use fanin_sim::fabric::build::{run as build, BuildConfig};
-    let (doc, origin) =
-        crate::experiment::read_doc(path, &["name", "description", "policies", "build", "run"])?;
+    let (doc, origin) = fanin_report::doc::read_doc(
+        path,
+        &["model", "name", "description", "policies", "build", "run"],
+    )?;
     let name = doc.get("name").and_then(Value::as_str).unwrap_or("build");
     let policies: Vec<PolicyKind> = match doc.get("policies") {
         None => PolicyKind::ALL.to_vec(),
@@ -419,8 +413,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_table().cloned()).collect(),
         Some(_) => bail!("experiment {origin}: `run` must be an array of tables ([[run]])"),
     };
-    let root = results.join(format!("{}-sim-{name}", crate::orchestrate::timestamp()));
-    std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let root = fanin_report::experiment_root(results, "sim", name)?;
     println!(
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
         root.display()
@@ -464,11 +457,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
                 .with_context(|| format!("experiment {origin}: run {label}"))?;
             cfg.policy = p;
             let s = build(&cfg).map_err(|e| anyhow::anyhow!("run {label}: {e}"))?;
-            let dir = root.join(format!(
-                "{}-{}",
-                crate::orchestrate::sanitize(&label),
-                p.name()
-            ));
+            let dir = root.join(format!("{}-{}", fanin_report::sanitize(&label), p.name()));
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("config.toml"), toml::to_string(&cfg)?)?;
             std::fs::write(
@@ -493,7 +482,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
             ]);
         }
     }
-    let table = crate::table::align(&cells);
+    let table = fanin_report::align(&cells);
     println!("\n{table}");
     std::fs::write(root.join("table.txt"), &table)?;
     println!("results: {}", root.display());

@@ -1,0 +1,9 @@
+//! What runtime and simulation experiments share in presenting results: experiment files
+//! as TOML documents, result directories with sanitised names, and the text table writer.
+
+pub mod dir;
+pub mod doc;
+pub mod text;
+
+pub use dir::{experiment_root, row_dir, sanitize, timestamp};
+pub use text::align;

@@ -1,0 +1,129 @@
+//! Simulation experiment files behind one loader: the top-level `model` key says which
+//! simulator runs the file (`packet`, `flow`, `fabric`, `build`); results go to one place.
+//!
+//! Files written before the key existed are recognised by their one model table
+//! (`[sim]`, `[alice]`, `[fabric]`, `[build]`); a file with none, or with several and no
+//! `model`, gets an error naming the choices.
+
+pub mod fabric;
+pub mod flow;
+pub mod packet;
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use toml::{Table, Value};
+
+/// Which simulator an experiment file is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// Packet-level network (TCP, UDP): `[sim]` + `[[run]]`.
+    Packet,
+    /// Flow-level event building at ALICE scale: `[alice]` + `[[run]]`.
+    Flow,
+    /// Flows on a fat tree (ECMP, Hedera): `[fabric]` + `[[scenario]]`.
+    Fabric,
+    /// Event building over a fat tree: `[build]` + `[[run]]`.
+    Build,
+}
+
+impl Model {
+    pub const ALL: [Model; 4] = [Model::Packet, Model::Flow, Model::Fabric, Model::Build];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Model::Packet => "packet",
+            Model::Flow => "flow",
+            Model::Fabric => "fabric",
+            Model::Build => "build",
+        }
+    }
+
+    /// The table holding the model's base configuration.
+    pub fn table(self) -> &'static str {
+        match self {
+            Model::Packet => "sim",
+            Model::Flow => "alice",
+            Model::Fabric => "fabric",
+            Model::Build => "build",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Model> {
+        Model::ALL.into_iter().find(|m| m.name() == s)
+    }
+}
+
+/// Which model the file at `path` is for: its `model` key, or its one model table.
+pub fn model_of(path: &Path) -> anyhow::Result<Model> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading experiment {}", path.display()))?;
+    let doc: Table = fanin_report::doc::from_toml(&text)
+        .with_context(|| format!("experiment {}", path.display()))?;
+    model_of_doc(&doc).with_context(|| format!("experiment {}", path.display()))
+}
+
+fn model_of_doc(doc: &Table) -> anyhow::Result<Model> {
+    let names = || Model::ALL.map(Model::name).join(", ");
+    if let Some(v) = doc.get("model") {
+        let s = v.as_str().context("`model` must be a string")?;
+        let Some(m) = Model::parse(s) else {
+            bail!("model {s:?} is none of {}", names());
+        };
+        if !doc.contains_key(m.table()) {
+            bail!("model {s:?} needs a [{}] table", m.table());
+        }
+        return Ok(m);
+    }
+    let present: Vec<Model> = Model::ALL
+        .into_iter()
+        .filter(|m| doc.contains_key(m.table()))
+        .collect();
+    match present[..] {
+        [m] => Ok(m),
+        [] if doc.contains_key("run") && doc.get("run").is_some_and(Value::is_table) => {
+            bail!("this is a runtime experiment ([run]): use `fanin run`, not `fanin sim`")
+        }
+        [] => bail!(
+            "no `model` key and no model table; set model = one of {}",
+            names()
+        ),
+        _ => bail!("several model tables: set model = one of {}", names()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(s: &str) -> Table {
+        toml::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn the_model_key_decides() {
+        let d = doc("model = \"flow\"\n[alice]\n[sim]\n");
+        assert_eq!(model_of_doc(&d).unwrap(), Model::Flow);
+    }
+
+    #[test]
+    fn old_files_are_known_by_their_table() {
+        assert_eq!(model_of_doc(&doc("[fabric]\n")).unwrap(), Model::Fabric);
+        assert_eq!(model_of_doc(&doc("[build]\n")).unwrap(), Model::Build);
+        assert_eq!(model_of_doc(&doc("[sim]\n")).unwrap(), Model::Packet);
+    }
+
+    #[test]
+    fn unknown_or_missing_models_are_named() {
+        let e = model_of_doc(&doc("model = \"quantum\"\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("none of packet, flow, fabric, build"),
+            "{e}"
+        );
+        let e = model_of_doc(&doc("model = \"flow\"\n[sim]\n")).unwrap_err();
+        assert!(e.to_string().contains("needs a [alice] table"), "{e}");
+        let e = model_of_doc(&doc("[run]\nflps = 2\n")).unwrap_err();
+        assert!(e.to_string().contains("use `fanin run`"), "{e}");
+    }
+}
