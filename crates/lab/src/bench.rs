@@ -10,8 +10,6 @@ use clap::{Args, Subcommand};
 use fanin_node::RunConfig;
 use tokio::process::Command;
 
-use crate::orchestrate;
-
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// fanin goodput vs iperf3 single-stream goodput on loopback (unthrottled TFs).
@@ -265,7 +263,7 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
                 ..RunConfig::default()
             };
             let dir = root.join(format!("{flps}x{epns}-r{}", r + 1));
-            let s = orchestrate::run_one(&cfg, &dir, &format!("fanin {flps}->{epns}")).await?;
+            let s = crate::cluster::run_one(&cfg, &dir, &format!("fanin {flps}->{epns}")).await?;
             anyhow::ensure!(
                 s.invariant_ok,
                 "{flps}->{epns}: accounting invariant violated"

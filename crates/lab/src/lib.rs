@@ -3,6 +3,7 @@
 //! The `fanin` binary parses arguments and calls in here; tests use it the same way.
 
 pub mod bench;
+pub mod cluster;
 pub mod experiment;
 pub mod faults;
 pub mod orchestrate;

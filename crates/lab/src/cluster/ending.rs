@@ -1,0 +1,148 @@
+//! The end of one run: waiting for the ICN (or the standby that took over), letting every
+//! node leave (and killing what a fault left dead), and reading the run's summary.
+
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use fanin_node::Summary;
+use tokio::process::Child;
+
+use super::launcher::last_line;
+use super::Takeover;
+use crate::faults::{self, FaultResult, Injected, NodeProc, Nodes};
+
+/// Waits for the ICN that ended the run: the primary, or (after a take-over) the standby,
+/// killing the deposed primary. Returns the exit status of the one that counts.
+pub(super) async fn wait_icns(
+    nodes: &Nodes,
+    standby: Option<&mut Child>,
+    took_over: bool,
+) -> anyhow::Result<ExitStatus> {
+    let mut g = nodes.lock().await;
+    let primary = g.iter_mut().find(|n| n.name == "ICN").expect("primary ICN");
+    if took_over {
+        let _ = primary.child.kill().await;
+    }
+    let st = primary.child.wait().await?;
+    Ok(match standby {
+        Some(child) if took_over => child.wait().await?,
+        Some(child) => {
+            let _ = child.kill().await;
+            st
+        }
+        None => st,
+    })
+}
+
+/// Every node leaves by itself after RunStop; give them a moment, then insist.
+pub(super) async fn reap_nodes(nodes: &Nodes, injected: &[Injected], prefix: &str, dir: &Path) {
+    let mut nodes = nodes.lock().await;
+    for NodeProc { name, child, .. } in nodes.iter_mut() {
+        if name == "ICN" {
+            continue;
+        }
+        if injected
+            .iter()
+            .any(|i| &i.node == name && i.back_unix_us.is_none())
+        {
+            // Killed or frozen by a fault and never brought back.
+            signal_kill(child).await;
+            continue;
+        }
+        match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
+            Ok(Ok(st)) if st.success() => {}
+            Ok(Ok(st)) => {
+                let logname = name.to_lowercase().replace(' ', "-") + ".log";
+                println!(
+                    "{prefix}: {name} exited with {st}: {}",
+                    last_line(&dir.join(logname))
+                );
+            }
+            _ => {
+                let _ = child.kill().await;
+                println!("{prefix}: {name} did not exit after the run; killed");
+            }
+        }
+    }
+}
+
+/// Kills a node left frozen or dead by a fault (SIGCONT first, so it can die).
+async fn signal_kill(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    }
+    let _ = child.kill().await;
+}
+
+/// The run's summary and fault results. After a take-over the standby's run is the run;
+/// the failed ICN's ended TFs are in its own `tfs.csv`, and an event line says so.
+pub(super) fn summary(
+    dir: &Path,
+    status: ExitStatus,
+    injected: &[Injected],
+    takeover: Takeover,
+) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
+    let took_over = takeover.elected_unix_us.is_some();
+    let summary_dir = if took_over {
+        dir.join("standby")
+    } else {
+        dir.to_path_buf()
+    };
+    let summary_path = summary_dir.join("summary.json");
+    if !summary_path.exists() {
+        bail!(
+            "ICN exited with {status} and no summary: {}",
+            last_line(&dir.join("icn.log"))
+        );
+    }
+    let mut s: Summary = serde_json::from_str(&std::fs::read_to_string(&summary_path)?)
+        .with_context(|| format!("reading {}", summary_path.display()))?;
+    let mut results = faults::results(injected, &s, &summary_dir);
+    if took_over {
+        let line = takeover_event(dir, injected, takeover, &mut results);
+        s.events.push(line);
+    }
+    Ok((s, results))
+}
+
+/// Times the ICN fault from the kill to the standby's election and run start, and says
+/// what the failed ICN had ended.
+fn takeover_event(
+    dir: &Path,
+    injected: &[Injected],
+    takeover: Takeover,
+    results: &mut [FaultResult],
+) -> String {
+    let killed = injected
+        .iter()
+        .find(|i| i.node == "ICN")
+        .and_then(|i| i.at_unix_us);
+    let since_kill = |t: Option<u64>| killed.zip(t).map(|(k, e)| e.saturating_sub(k) as f64 / 1e3);
+    let (detect_ms, rejoin_ms) = (
+        since_kill(takeover.elected_unix_us),
+        since_kill(takeover.started_unix_us),
+    );
+    for r in results.iter_mut().filter(|r| r.node == "ICN") {
+        r.detect_ms = detect_ms;
+        r.rejoin_ms = rejoin_ms;
+        r.at_s = None;
+        // Its TFs are in the event line: they are the failed ICN's, not the outage's.
+        r.outage_tfs.clear();
+    }
+    let before = faults::tf_status_counts(&dir.join("tfs.csv"));
+    let ended: u64 = before.values().sum();
+    let ms = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or("?".into());
+    format!(
+        "the ICN was killed; the standby was elected {} ms later and its run started {} ms after the kill; the failed ICN had ended {ended} TFs ({}) - its TFs still in flight died with its ledger",
+        ms(detect_ms),
+        ms(rejoin_ms),
+        before
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}

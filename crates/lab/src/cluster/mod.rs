@@ -1,0 +1,206 @@
+//! One run of a cluster of real processes: the registry, the ICN (and a standby when an
+//! ICN fault is planned), every EPN and FLP, the faults, progress, and the summary.
+
+mod ending;
+pub mod icn_lines;
+mod launcher;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fanin_node::config::Checked;
+use fanin_node::{RunConfig, Summary};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::mpsc;
+
+use crate::faults::{self, Action, Fault, FaultResult, Injector, Nodes};
+pub use icn_lines::IcnLine;
+pub use launcher::OnTestbed;
+use launcher::{IcnOut, Launcher};
+
+/// Runs one configuration once on loopback and returns its summary.
+pub async fn run_one(cfg: &RunConfig, dir: &Path, prefix: &str) -> anyhow::Result<Summary> {
+    Ok(run_on(cfg, dir, prefix, None, &[]).await?.0)
+}
+
+/// Runs one configuration once, on loopback or on a testbed, with `faults` injected, and
+/// returns its summary and what each fault did.
+pub async fn run_on(
+    cfg: &RunConfig,
+    dir: &Path,
+    prefix: &str,
+    net: Option<&OnTestbed>,
+    faults: &[Fault],
+) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
+    let checked = cfg.check()?;
+    let (goats, planned) = plan(faults, cfg)?;
+    let icn_fault = planned.iter().any(|(n, _)| n == "ICN");
+    let mut l = Launcher::new(cfg, dir, net)?;
+    let _zk_server = l.start_registry()?;
+    let icn = l.start_icn().await?;
+    let mut standby = if icn_fault {
+        Some(l.start_standby()?)
+    } else {
+        None
+    };
+    let mut procs = l.start_nodes(&icn.control, &goats)?;
+    procs.push(l.icn_proc(icn.child));
+    let nodes: Nodes = Arc::new(tokio::sync::Mutex::new(procs));
+    let mut watch = Watch {
+        planned,
+        nodes: nodes.clone(),
+        injector: None,
+        takeover: Takeover::default(),
+        bar: progress_bar(&checked, prefix),
+    };
+    let limit = time_limit(cfg, &checked, icn_fault);
+    let follow = watch.follow(icn.lines, standby.as_mut().map(|s| &mut s.1));
+    let timed_out = tokio::time::timeout(limit, follow).await.is_err();
+    watch.bar.finish_and_clear();
+    let injected = watch.injector.map(Injector::finish).unwrap_or_default();
+    if timed_out {
+        anyhow::bail!("run did not finish within {limit:?}; see {}", dir.display());
+    }
+    let took_over = watch.takeover.elected_unix_us.is_some();
+    let status = ending::wait_icns(&nodes, standby.as_mut().map(|s| &mut s.0), took_over).await?;
+    ending::reap_nodes(&nodes, &injected, prefix, dir).await;
+    ending::summary(dir, status, &injected, watch.takeover)
+}
+
+/// The faults by node name, and the goats among them (node, complete TFs before dying).
+type Plan = (Vec<(String, u64)>, Vec<(String, Fault)>);
+
+fn plan(faults: &[Fault], cfg: &RunConfig) -> anyhow::Result<Plan> {
+    let mut goats = Vec::new();
+    let mut planned = Vec::new();
+    for f in faults {
+        let name = f.node_name(cfg.flps, cfg.epns)?;
+        if f.action == Action::Goat {
+            goats.push((name.clone(), f.after_tfs.unwrap_or(0)));
+        }
+        planned.push((name, f.clone()));
+    }
+    Ok((goats, planned))
+}
+
+fn progress_bar(checked: &Checked, prefix: &str) -> ProgressBar {
+    let bar = match checked.total_tfs {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new_spinner(),
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} TFs ended {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(prefix.to_string());
+    bar
+}
+
+/// How long the whole run may take before the launcher gives up on it.
+fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Duration {
+    let run = checked.configured_duration.unwrap_or_default();
+    let prerun = Duration::from_secs_f64(cfg.prerun_timeout_s);
+    let mut limit = run + prerun + checked.drain_timeout() + Duration::from_secs(60);
+    if icn_fault {
+        // The standby runs the whole run again after its election.
+        limit += run
+            + checked.drain_timeout()
+            + Duration::from_millis(cfg.zk_session_timeout_ms)
+            + prerun;
+    }
+    limit
+}
+
+/// A standby's take-over, in UNIX µs: when it was elected, when its run started.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Takeover {
+    pub elected_unix_us: Option<u64>,
+    pub started_unix_us: Option<u64>,
+}
+
+/// Follows a run from the launcher's side: the ICN's lines, faults started with the run,
+/// a standby's take-over, the progress bar.
+struct Watch {
+    planned: Vec<(String, Fault)>,
+    nodes: Nodes,
+    injector: Option<Injector>,
+    takeover: Takeover,
+    bar: ProgressBar,
+}
+
+impl Watch {
+    /// Reads the ICN's lines until it ends (after a take-over: the standby's).
+    async fn follow(
+        &mut self,
+        mut lines: IcnOut,
+        mut standby: Option<&mut mpsc::Receiver<String>>,
+    ) {
+        let mut on_standby = false;
+        loop {
+            let line = if on_standby {
+                match standby.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => None,
+                }
+            } else {
+                // The standby speaks only once elected: then the primary is deposed
+                // (killed, or frozen and its session expired), whatever its stdout does.
+                let from_standby = async {
+                    match standby.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    l = lines.next_line() => l.ok().flatten(),
+                    Some(l) = from_standby => {
+                        on_standby = true;
+                        Some(l)
+                    }
+                }
+            };
+            let Some(line) = line else {
+                // The primary ended: was it killed by a fault, with a standby waiting?
+                if !on_standby && self.icn_killed() && standby.is_some() {
+                    on_standby = true;
+                    continue;
+                }
+                return;
+            };
+            self.on_line(IcnLine::parse(&line), on_standby);
+        }
+    }
+
+    fn icn_killed(&self) -> bool {
+        self.injector.as_ref().is_some_and(|i| {
+            i.records
+                .lock()
+                .expect("records lock")
+                .iter()
+                .any(|r| r.node == "ICN" && r.at_unix_us.is_some())
+        })
+    }
+
+    fn on_line(&mut self, line: IcnLine, on_standby: bool) {
+        match line {
+            IcnLine::Listening { .. } if on_standby => {
+                self.takeover.elected_unix_us = Some(faults::unix_us());
+            }
+            IcnLine::Started { unix_us } if on_standby => {
+                self.takeover.started_unix_us = Some(unix_us);
+            }
+            IcnLine::Started { unix_us } if !self.planned.is_empty() => {
+                let planned = std::mem::take(&mut self.planned);
+                self.injector = Some(faults::inject(planned, unix_us, self.nodes.clone()));
+            }
+            IcnLine::Progress { issued, ended, .. } => {
+                self.bar.set_position(ended);
+                self.bar.set_message(format!("(issued {issued})"));
+            }
+            _ => {}
+        }
+    }
+}
