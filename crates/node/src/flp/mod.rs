@@ -1,6 +1,7 @@
 //! The FLP: registers with the ICN, connects to every EPN it is told about, and for each
 //! assignment sends its STF of that TF to the chosen EPN through a bounded send buffer.
 
+pub mod core;
 mod payload;
 mod sender;
 
@@ -10,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fanin_proto::{EpnEntry, Message, Prepare, Reason, Role, MAX_CONTROL_BODY};
-use fanin_sched::{EpnId, StfSize, TfId};
+use fanin_proto::{EpnEntry, Message, Prepare, Role, MAX_CONTROL_BODY};
+use fanin_sched::EpnId;
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use crate::budget::ByteBudget;
 use crate::config::check_prepare;
 use crate::conn::{read_frame, ConnError};
 use crate::join::{
@@ -23,7 +24,8 @@ use crate::join::{
 };
 use crate::metrics::Metrics;
 use crate::registry::{self, runtime::RegistryOpts, ZkRegistry};
-use sender::{SendCtx, StfJob};
+use core::{Action, FlpCore, Input, StfJob, QUEUE_PER_EPN};
+use sender::SendCtx;
 
 pub struct FlpOptions {
     /// The ICN's control address; with a registry, the elected ICN is used instead.
@@ -40,9 +42,6 @@ pub struct FlpOptions {
     pub metrics_bind: Option<SocketAddr>,
     pub connect_timeout: Duration,
 }
-
-/// STFs queued per EPN connection at most (besides the byte limit).
-const QUEUE_PER_EPN: usize = 4096;
 
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id.
@@ -69,20 +68,15 @@ async fn run_once(
     reg: Option<&ZkRegistry>,
     rejoining: bool,
 ) -> anyhow::Result<()> {
-    let metrics = metrics.clone();
     let icn = locate_icn(reg, opts.icn, opts.connect_timeout).await?;
-    let mut joined = join(
-        Role::Flp,
-        icn,
-        opts.control_bind,
-        id.get(),
-        if reg.is_some() {
-            REGISTRY_CONNECT_ATTEMPT.min(opts.connect_timeout)
-        } else {
-            opts.connect_timeout
-        },
-        |_| Ok(String::new()),
-    )
+    let attempt = if reg.is_some() {
+        REGISTRY_CONNECT_ATTEMPT.min(opts.connect_timeout)
+    } else {
+        opts.connect_timeout
+    };
+    let mut joined = join(Role::Flp, icn, opts.control_bind, id.get(), attempt, |_| {
+        Ok(String::new())
+    })
     .await
     .map_err(|e| {
         // The registry may name a new ICN by now, or (rejoining) the ICN has not seen
@@ -99,217 +93,76 @@ async fn run_once(
         registry::runtime::register(r, Role::Flp, me, joined.local);
     }
     tracing::info!("FLP {me}: registered for run {}", joined.run_id);
-    let ctl_tx = joined.ctl.clone();
-    let rd = &mut joined.rd;
+    let (prep, list) = prerun(&mut joined, me, icn).await?;
+    let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
+        .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;
+    let ctx = Arc::new(SendCtx {
+        me,
+        run_id: prep.run_id,
+        crc: prep.crc,
+        pattern: payload::Pattern::new(prep.seed, me),
+        metrics: metrics.clone(),
+    });
+    let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
+    let core = FlpCore::new(
+        me,
+        (size, prep.seed, prep.retain),
+        opts.send_buffer,
+        &epns,
+        metrics.clone(),
+    );
+    let (done_tx, done_rx) = mpsc::channel(QUEUE_PER_EPN);
+    let mut shell = Shell {
+        core,
+        ctx,
+        senders: HashMap::new(),
+        tasks: Vec::new(),
+        done_tx,
+        data_bind: opts.data_bind,
+    };
+    // Connect to every EPN and confirm each connection with a handshake.
+    for e in &list {
+        let stream = shell.connect(e).await.map_err(|err| -> anyhow::Error {
+            if rejoining {
+                // Mid-run the EPN may be dying (or still holding our old connection):
+                // leave, and join again.
+                LostIcn(format!("FLP {me}: rejoining: {err:#}")).into()
+            } else {
+                err
+            }
+        })?;
+        shell.start_sender(e.epn_id, stream);
+    }
+    tracing::info!("FLP {me}: connected to {} EPNs", shell.senders.len());
+    let connected = shell.senders.len() as u32;
+    let ready = Message::Ready {
+        role: Role::Flp,
+        node_id: me,
+        connected,
+    };
+    joined.ctl.send(ready).await?;
+    shell.run(joined, done_rx, icn, metrics).await
+}
 
-    // Pre-run: the run parameters and the EPN list, in either order.
+/// Pre-run: the run parameters and the EPN list, in either order.
+async fn prerun(
+    joined: &mut Joined,
+    me: u32,
+    icn: SocketAddr,
+) -> anyhow::Result<(Prepare, Vec<EpnEntry>)> {
     let mut prep: Option<Prepare> = None;
     let mut list: Option<Vec<EpnEntry>> = None;
-    while prep.is_none() || list.is_none() {
-        match read_frame(rd, MAX_CONTROL_BODY).await? {
+    loop {
+        if let (Some(p), Some(l)) = (&prep, &list) {
+            return Ok((p.clone(), l.clone()));
+        }
+        match read_frame(&mut joined.rd, MAX_CONTROL_BODY).await? {
             Some(Message::Prepare(p)) => prep = Some(p),
             Some(Message::EpnList(l)) => list = Some(l),
             Some(other) => {
                 tracing::warn!("FLP {me}: ignoring {:?} before the run", other.msg_type())
             }
             None => bail!("ICN {icn} closed the connection before the run"),
-        }
-    }
-    let (prep, list) = (
-        prep.expect("loop ends with it"),
-        list.expect("loop ends with it"),
-    );
-    let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
-        .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;
-    let budget = Arc::new(ByteBudget::new(opts.send_buffer));
-    metrics.set_buffer("flp_send", 0, opts.send_buffer);
-    let ctx = Arc::new(SendCtx {
-        me,
-        run_id: prep.run_id,
-        crc: prep.crc,
-        retain: prep.retain,
-        pattern: payload::Pattern::new(prep.seed, me),
-        budget: budget.clone(),
-        metrics: metrics.clone(),
-        ctl: ctl_tx.clone(),
-    });
-
-    // Connect to every EPN and confirm each connection with a handshake.
-    // No single EPN may hold more than half the send buffer (at least one STF), so
-    // one EPN that stops reading cannot starve the others; a stalled one is also cut
-    // off after STALL_TIMEOUT.
-    let share = if list.len() >= 2 {
-        (opts.send_buffer / 2).max(size.max())
-    } else {
-        opts.send_buffer
-    };
-    let mut queues: HashMap<EpnId, EpnQueue> = HashMap::new();
-    let mut tasks = Vec::new();
-    for e in &list {
-        let addr: SocketAddr = e
-            .addr
-            .parse()
-            .with_context(|| format!("EPN {} data address {:?}", e.epn_id, e.addr))?;
-        let stream = sender::connect_epn(&ctx, e.epn_id, addr, opts.data_bind)
-            .await
-            .map_err(|err| -> anyhow::Error {
-                if rejoining {
-                    // Mid-run the EPN may be dying (or still holding our old connection):
-                    // leave, and join again.
-                    LostIcn(format!("FLP {me}: rejoining: {err:#}")).into()
-                } else {
-                    err
-                }
-            })?;
-        let (tx, rx) = mpsc::channel(QUEUE_PER_EPN);
-        let bytes = Arc::new(ByteBudget::new(share));
-        tasks.push(AbortOnDrop(tokio::spawn(sender::send_loop(
-            ctx.clone(),
-            e.epn_id,
-            stream,
-            rx,
-            bytes.clone(),
-        ))));
-        queues.insert(e.epn_id, EpnQueue { tx, bytes });
-    }
-    tracing::info!("FLP {me}: connected to {} EPNs", queues.len());
-    ctl_tx
-        .send(Message::Ready {
-            role: Role::Flp,
-            node_id: me,
-            connected: queues.len() as u32,
-        })
-        .await?;
-
-    // Control frames arrive through a reader task, so the loop below can also wait for
-    // new EPN connections and heartbeat ticks (reading a frame is not cancel-safe).
-    let (frames_tx, mut frames) = mpsc::channel::<Result<Option<Message>, ConnError>>(1024);
-    let Joined {
-        rd: mut reader_half,
-        ctl: joined_ctl,
-        writer,
-        ..
-    } = joined;
-    let reader = AbortOnDrop(tokio::spawn(async move {
-        loop {
-            let f = read_frame(&mut reader_half, MAX_CONTROL_BODY).await;
-            let end = !matches!(f, Ok(Some(_)));
-            if frames_tx.send(f).await.is_err() || end {
-                return;
-            }
-        }
-    }));
-    // EPNs that joined mid-run: data connections being set up.
-    let (conn_tx, mut conns) = mpsc::channel::<(EpnId, anyhow::Result<tokio::net::TcpStream>)>(64);
-    let mut heartbeat = tokio::time::interval(HEARTBEAT);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    // Zero-loss mode: STFs sent or queued, kept until the ICN releases their TF.
-    let mut kept: HashMap<TfId, u64> = HashMap::new();
-    loop {
-        let frame = tokio::select! {
-            f = frames.recv() => f.unwrap_or(Ok(None)),
-            Some((epn, res)) = conns.recv() => {
-                let ok = match res {
-                    Ok(stream) => {
-                        let (tx, rx) = mpsc::channel(QUEUE_PER_EPN);
-                        let bytes = Arc::new(ByteBudget::new(share));
-                        tasks.push(AbortOnDrop(tokio::spawn(sender::send_loop(
-                            ctx.clone(),
-                            epn,
-                            stream,
-                            rx,
-                            bytes.clone(),
-                        ))));
-                        // Replaces the queue of an earlier incarnation of this EPN.
-                        queues.insert(epn, EpnQueue { tx, bytes });
-                        tracing::info!("FLP {me}: connected to EPN {epn}, which joined mid-run");
-                        true
-                    }
-                    Err(e) => {
-                        tracing::warn!("FLP {me}: EPN {epn} joined mid-run but is unreachable: {e:#}");
-                        metrics.error("epn_unreachable");
-                        false
-                    }
-                };
-                let _ = ctl_tx.send(Message::EpnReachable { epn_id: epn, ok }).await;
-                continue;
-            }
-            _ = heartbeat.tick() => {
-                let _ = ctl_tx.try_send(Message::LoadReport {
-                    free_bytes: ctx.budget.limit().saturating_sub(ctx.budget.used()),
-                    building: kept.len().min(u32::MAX as usize) as u32,
-                });
-                continue;
-            }
-        };
-        match frame {
-            Ok(Some(Message::Assign { tf_id, epn_id })) => match kept.get(&tf_id) {
-                // A TF we already sent: its EPN died and the ICN moved it.
-                Some(&n) => {
-                    if !resend(&ctx, &queues, tf_id, epn_id, n).await {
-                        kept.remove(&tf_id);
-                        ctx.budget.release(n);
-                    }
-                }
-                None => {
-                    let n =
-                        enqueue(&ctx, &size, prep.seed, &queues, tf_id, epn_id, kept.len()).await;
-                    if let (Some(n), true) = (n, ctx.retain) {
-                        kept.insert(tf_id, n);
-                    }
-                }
-            },
-            Ok(Some(Message::Release { tf_id })) => {
-                if let Some(n) = kept.remove(&tf_id) {
-                    ctx.budget.release(n);
-                    ctx.metrics
-                        .set_buffer("flp_send", ctx.budget.used(), ctx.budget.limit());
-                }
-            }
-            Ok(Some(Message::EpnList(list))) => {
-                // EPNs joining mid-run (or restarted): connect in the background.
-                for e in list {
-                    let (ctx, conn_tx, bind) = (ctx.clone(), conn_tx.clone(), opts.data_bind);
-                    tokio::spawn(async move {
-                        let res = match e.addr.parse::<SocketAddr>() {
-                            Ok(addr) => sender::connect_epn(&ctx, e.epn_id, addr, bind).await,
-                            Err(_) => Err(anyhow::anyhow!(
-                                "EPN {} data address {:?} is not HOST:PORT",
-                                e.epn_id,
-                                e.addr
-                            )),
-                        };
-                        let _ = conn_tx.send((e.epn_id, res)).await;
-                    });
-                }
-            }
-            Ok(Some(Message::RunStart { run_id })) => {
-                tracing::info!("FLP {me}: run {run_id} started")
-            }
-            Ok(Some(Message::RunStop { run_id })) => {
-                tracing::info!("FLP {me}: run {run_id} stopping; flushing send queues");
-                for (_, n) in kept.drain() {
-                    ctx.budget.release(n);
-                }
-                drop(queues);
-                // Senders end when their queue is empty; a stalled one fails within
-                // STALL_TIMEOUT per STF, so bound the wait and then stop waiting.
-                let flush = wait_all(tasks);
-                if tokio::time::timeout(FLUSH_TIMEOUT, flush).await.is_err() {
-                    tracing::warn!("FLP {me}: send queues not flushed within {FLUSH_TIMEOUT:?}");
-                    metrics.error("flush_timeout");
-                }
-                drop(ctx);
-                drop(ctl_tx);
-                drop(reader);
-                return leave(joined_ctl, writer, me, Role::Flp, &metrics).await;
-            }
-            Ok(Some(other)) => {
-                tracing::warn!("FLP {me}: unexpected {:?} from the ICN", other.msg_type());
-                metrics.error("unexpected_message");
-            }
-            Ok(None) => return Err(lost_icn(Role::Flp, me, icn, None, &metrics)),
-            Err(e) => return Err(lost_icn(Role::Flp, me, icn, Some(e), &metrics)),
         }
     }
 }
@@ -320,98 +173,159 @@ const HEARTBEAT: Duration = Duration::from_millis(100);
 /// How long an FLP waits at run end for its send queues to drain.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
-struct EpnQueue {
-    tx: mpsc::Sender<StfJob>,
-    /// Bytes queued for this EPN (its share of the send buffer).
-    bytes: Arc<ByteBudget>,
+/// The FLP's tokio shell: control frames, sender tasks and data connections in and out
+/// of the core.
+struct Shell {
+    core: FlpCore,
+    ctx: Arc<SendCtx>,
+    senders: HashMap<EpnId, mpsc::Sender<StfJob>>,
+    tasks: Vec<AbortOnDrop<()>>,
+    /// Sender tasks hand finished jobs back here.
+    done_tx: mpsc::Sender<(StfJob, bool)>,
+    data_bind: Option<IpAddr>,
 }
 
-async fn wait_all(tasks: Vec<AbortOnDrop<()>>) {
-    for mut t in tasks {
-        let _ = (&mut t.0).await;
-    }
-}
+type Connected = (EpnId, anyhow::Result<TcpStream>);
 
-/// Most STFs kept for a re-send at once (besides the byte limit, which zero-byte STFs
-/// would not reach).
-const MAX_KEPT: usize = 1 << 20;
+impl Shell {
+    async fn connect(&self, e: &EpnEntry) -> anyhow::Result<TcpStream> {
+        let addr: SocketAddr = e
+            .addr
+            .parse()
+            .with_context(|| format!("EPN {} data address {:?}", e.epn_id, e.addr))?;
+        sender::connect_epn(&self.ctx, e.epn_id, addr, self.data_bind).await
+    }
 
-/// Puts the STF of `tf` in the send queue of `epn`, or reports why it cannot.
-/// Returns its size when queued.
-async fn enqueue(
-    ctx: &Arc<SendCtx>,
-    size: &StfSize,
-    seed: u64,
-    queues: &HashMap<EpnId, EpnQueue>,
-    tf: u64,
-    epn: EpnId,
-    kept: usize,
-) -> Option<u64> {
-    let n = size.sample(seed, ctx.me, tf);
-    let Some(q) = queues.get(&epn) else {
-        tracing::warn!("FLP {}: TF {tf} assigned to unknown EPN {epn}", ctx.me);
-        ctx.metrics.error("unknown_epn");
-        ctx.dropped(tf, Reason::SendFailed).await;
-        return None;
-    };
-    if kept >= MAX_KEPT || !ctx.budget.try_reserve(n) {
-        ctx.dropped(tf, Reason::FlpBufferFull).await;
-        return None;
+    /// A sender task for a new connection (it replaces an earlier one to the same EPN).
+    fn start_sender(&mut self, epn: EpnId, stream: TcpStream) {
+        let (tx, rx) = mpsc::channel(QUEUE_PER_EPN);
+        let task = sender::send_loop(self.ctx.clone(), epn, stream, rx, self.done_tx.clone());
+        self.tasks.push(AbortOnDrop(tokio::spawn(task)));
+        self.senders.insert(epn, tx);
     }
-    if !q.bytes.try_reserve(n) {
-        ctx.budget.release(n);
-        ctx.dropped(tf, Reason::FlpQueueFull).await;
-        return None;
-    }
-    ctx.metrics
-        .set_buffer("flp_send", ctx.budget.used(), ctx.budget.limit());
-    let job = StfJob { tf, epn, len: n };
-    match q.tx.try_send(job) {
-        Ok(()) => Some(n),
-        Err(e) => {
-            ctx.budget.release(n);
-            q.bytes.release(n);
-            let reason = match e {
-                mpsc::error::TrySendError::Full(_) => Reason::FlpQueueFull,
-                mpsc::error::TrySendError::Closed(_) => Reason::SendFailed,
+
+    async fn run(
+        mut self,
+        joined: Joined,
+        mut done: mpsc::Receiver<(StfJob, bool)>,
+        icn: SocketAddr,
+        metrics: &Arc<Metrics>,
+    ) -> anyhow::Result<()> {
+        let me = self.ctx.me;
+        // Control frames arrive through a reader task, so the loop can also wait for
+        // sends, connections and heartbeats (reading a frame is not cancel-safe).
+        let (frames_tx, mut frames) = mpsc::channel::<Result<Option<Message>, ConnError>>(1024);
+        let Joined {
+            rd: mut reader_half,
+            ctl,
+            writer,
+            ..
+        } = joined;
+        let reader = AbortOnDrop(tokio::spawn(async move {
+            loop {
+                let f = read_frame(&mut reader_half, MAX_CONTROL_BODY).await;
+                let end = !matches!(f, Ok(Some(_)));
+                if frames_tx.send(f).await.is_err() || end {
+                    return;
+                }
+            }
+        }));
+        // EPNs that joined mid-run: data connections being set up.
+        let (conn_tx, mut conns) = mpsc::channel::<Connected>(64);
+        let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            let input = tokio::select! {
+                f = frames.recv() => match f.unwrap_or(Ok(None)) {
+                    Ok(Some(m)) => Input::Control(m),
+                    Ok(None) => return Err(lost_icn(Role::Flp, me, icn, None, metrics)),
+                    Err(e) => return Err(lost_icn(Role::Flp, me, icn, Some(e), metrics)),
+                },
+                Some((job, ok)) = done.recv() => Input::Sent { job, ok },
+                Some((epn, res)) = conns.recv() => self.connected(epn, res),
+                _ = heartbeat.tick() => Input::Heartbeat,
             };
-            ctx.dropped(tf, reason).await;
-            None
+            if let Input::Control(Message::RunStart { run_id }) = &input {
+                tracing::info!("FLP {me}: run {run_id} started");
+            }
+            self.core.handle(input);
+            while let Some(action) = self.core.poll_action() {
+                match action {
+                    Action::Control(m) => {
+                        let _ = ctl.send(m).await; // a closed control connection shows as a lost ICN
+                    }
+                    Action::ControlLossy(m) => {
+                        let _ = ctl.try_send(m); // a full control queue skips one
+                    }
+                    Action::Queue(job) => self.queue(job),
+                    Action::Connect(e) => self.connect_later(e, &conn_tx),
+                    Action::Stop => {
+                        tracing::info!("FLP {me}: run stopping; flushing send queues");
+                        self.flush().await;
+                        drop(reader);
+                        return leave(ctl, writer, me, Role::Flp, metrics).await;
+                    }
+                }
+            }
         }
     }
-}
 
-/// Re-sends a kept STF (its bytes are already in the send buffer) to the EPN that took
-/// over its TF. Returns false (and reports the drop) when it cannot be queued.
-async fn resend(
-    ctx: &Arc<SendCtx>,
-    queues: &HashMap<EpnId, EpnQueue>,
-    tf: u64,
-    epn: EpnId,
-    n: u64,
-) -> bool {
-    let Some(q) = queues.get(&epn) else {
-        ctx.metrics.error("unknown_epn");
-        ctx.dropped(tf, Reason::SendFailed).await;
-        return false;
-    };
-    if !q.bytes.try_reserve(n) {
-        ctx.dropped(tf, Reason::FlpQueueFull).await;
-        return false;
-    }
-    match q.tx.try_send(StfJob { tf, epn, len: n }) {
-        Ok(()) => {
-            ctx.metrics.stf("resent", "epn_lost", 1);
-            true
+    /// An STF job to its sender; a sender that is gone hands it back as failed.
+    fn queue(&mut self, job: StfJob) {
+        let sent = self.senders.get(&job.epn).map(|tx| tx.try_send(job));
+        if !matches!(sent, Some(Ok(()))) {
+            // The core counts the jobs: a full queue cannot happen; a closed one failed.
+            let _ = self.done_tx.try_send((job, false));
         }
-        Err(e) => {
-            q.bytes.release(n);
-            let reason = match e {
-                mpsc::error::TrySendError::Full(_) => Reason::FlpQueueFull,
-                mpsc::error::TrySendError::Closed(_) => Reason::SendFailed,
+    }
+
+    fn connected(&mut self, epn: EpnId, res: anyhow::Result<TcpStream>) -> Input {
+        let me = self.ctx.me;
+        match res {
+            Ok(stream) => {
+                self.start_sender(epn, stream);
+                tracing::info!("FLP {me}: connected to EPN {epn}, which joined mid-run");
+                Input::Connected { epn, ok: true }
+            }
+            Err(e) => {
+                tracing::warn!("FLP {me}: EPN {epn} joined mid-run but is unreachable: {e:#}");
+                Input::Connected { epn, ok: false }
+            }
+        }
+    }
+
+    /// Connects to an EPN in the background; the result comes back through `conn_tx`.
+    fn connect_later(&self, e: EpnEntry, conn_tx: &mpsc::Sender<Connected>) {
+        let (ctx, conn_tx, bind) = (self.ctx.clone(), conn_tx.clone(), self.data_bind);
+        tokio::spawn(async move {
+            let res = match e.addr.parse::<SocketAddr>() {
+                Ok(addr) => sender::connect_epn(&ctx, e.epn_id, addr, bind).await,
+                Err(_) => Err(anyhow::anyhow!(
+                    "EPN {} data address {:?} is not HOST:PORT",
+                    e.epn_id,
+                    e.addr
+                )),
             };
-            ctx.dropped(tf, reason).await;
-            false
+            let _ = conn_tx.send((e.epn_id, res)).await;
+        });
+    }
+
+    /// Senders end when their queue is empty; a stalled one fails within STALL_TIMEOUT
+    /// per STF, so the wait is bounded.
+    async fn flush(&mut self) {
+        self.senders.clear();
+        let tasks = std::mem::take(&mut self.tasks);
+        let wait = async {
+            for mut t in tasks {
+                let _ = (&mut t.0).await;
+            }
+        };
+        if tokio::time::timeout(FLUSH_TIMEOUT, wait).await.is_err() {
+            tracing::warn!(
+                "FLP {}: send queues not flushed within {FLUSH_TIMEOUT:?}",
+                self.ctx.me
+            );
+            self.ctx.metrics.error("flush_timeout");
         }
     }
 }

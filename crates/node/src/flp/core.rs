@@ -1,0 +1,522 @@
+//! The FLP's decisions without I/O: which STF goes to which EPN queue, what the send
+//! buffer holds and for how long, what is dropped (and why), what the ICN is told.
+//!
+//! The tokio shell feeds control frames, finished connects and finished sends in, and
+//! carries the actions out: frames to the ICN, STF jobs to a sender task per EPN, data
+//! connections to open. Sender tasks only write bytes; every byte count lives here.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use fanin_proto::{EpnEntry, Message, Reason};
+use fanin_sched::{EpnId, StfSize, TfId};
+
+use crate::budget::ByteBudget;
+use crate::metrics::Metrics;
+
+/// STFs queued per EPN connection at most (besides the byte limit).
+pub const QUEUE_PER_EPN: usize = 4096;
+
+/// Most STFs kept for a re-send at once (besides the byte limit, which zero-byte STFs
+/// would not reach).
+const MAX_KEPT: usize = 1 << 20;
+
+/// One STF for a sender task to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StfJob {
+    pub tf: TfId,
+    pub epn: EpnId,
+    pub len: u64,
+    /// Which connection to the EPN the job was queued for (a restarted EPN gets a new
+    /// one; what the old one hands back does not count against the new queue).
+    pub queue: u64,
+}
+
+/// What happens to the FLP once the run's parameters are known.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Input {
+    /// A frame from the ICN.
+    Control(Message),
+    /// A data connection to an EPN (announced mid-run) was set up, or could not be.
+    Connected { epn: EpnId, ok: bool },
+    /// A sender task finished with a job: written (`ok`), or its connection failed.
+    Sent { job: StfJob, ok: bool },
+    /// Time for a heartbeat (every 100 ms).
+    Heartbeat,
+}
+
+/// What the FLP asks its shell to do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// A frame to the ICN.
+    Control(Message),
+    /// A frame to the ICN that may be skipped when its queue is full (heartbeats).
+    ControlLossy(Message),
+    /// Hand an STF to the sender of its EPN.
+    Queue(StfJob),
+    /// Open a data connection to an EPN that joined mid-run (answer with `Connected`).
+    Connect(EpnEntry),
+    /// The run stopped: flush the senders, say goodbye, leave.
+    Stop,
+}
+
+/// One EPN's queue: its share of the send buffer and the STFs in it.
+struct Queue {
+    id: u64,
+    bytes: ByteBudget,
+    jobs: usize,
+    /// Its connection failed: nothing more is written (STFs kept or dropped).
+    failed: bool,
+}
+
+/// The FLP of one run.
+pub struct FlpCore {
+    me: u32,
+    size: StfSize,
+    seed: u64,
+    retain: bool,
+    /// The send buffer: bytes queued for the network and, with `retain`, kept until the
+    /// ICN releases their TF.
+    budget: ByteBudget,
+    /// No single EPN may hold more than this share (one that stops reading cannot starve
+    /// the others).
+    share: u64,
+    queues: HashMap<EpnId, Queue>,
+    next_queue: u64,
+    /// Zero-loss mode: STFs sent or queued, kept until the ICN releases their TF.
+    kept: HashMap<TfId, u64>,
+    metrics: Arc<Metrics>,
+    out: VecDeque<Action>,
+}
+
+impl FlpCore {
+    /// The FLP of a run with these parameters, connected to `epns` at the start.
+    pub fn new(
+        me: u32,
+        (size, seed, retain): (StfSize, u64, bool),
+        send_buffer: u64,
+        epns: &[EpnId],
+        metrics: Arc<Metrics>,
+    ) -> FlpCore {
+        let share = if epns.len() >= 2 {
+            (send_buffer / 2).max(size.max())
+        } else {
+            send_buffer
+        };
+        metrics.set_buffer("flp_send", 0, send_buffer);
+        let mut core = FlpCore {
+            me,
+            size,
+            seed,
+            retain,
+            budget: ByteBudget::new(send_buffer),
+            share,
+            queues: HashMap::new(),
+            next_queue: 0,
+            kept: HashMap::new(),
+            metrics,
+            out: VecDeque::new(),
+        };
+        for &e in epns {
+            core.open_queue(e);
+        }
+        core
+    }
+
+    /// Feeds one input.
+    pub fn handle(&mut self, input: Input) {
+        match input {
+            Input::Control(m) => self.on_control(m),
+            Input::Connected { epn, ok } => {
+                if ok {
+                    // Replaces the queue of an earlier incarnation of this EPN.
+                    self.open_queue(epn);
+                } else {
+                    self.metrics.error("epn_unreachable");
+                }
+                self.send(Message::EpnReachable { epn_id: epn, ok });
+            }
+            Input::Sent { job, ok } => self.on_sent(job, ok),
+            Input::Heartbeat => {
+                let free = self.budget.limit().saturating_sub(self.budget.used());
+                self.out
+                    .push_back(Action::ControlLossy(Message::LoadReport {
+                        free_bytes: free,
+                        building: self.kept.len().min(u32::MAX as usize) as u32,
+                    }));
+            }
+        }
+        debug_assert!(self.budget.used() <= self.budget.limit());
+        debug_assert!(!self.retain || self.kept.values().sum::<u64>() <= self.budget.used());
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.out.pop_front()
+    }
+
+    /// Bytes in the send buffer.
+    pub fn buffered(&self) -> u64 {
+        self.budget.used()
+    }
+
+    fn open_queue(&mut self, epn: EpnId) {
+        self.next_queue += 1;
+        let q = Queue {
+            id: self.next_queue,
+            bytes: ByteBudget::new(self.share),
+            jobs: 0,
+            failed: false,
+        };
+        self.queues.insert(epn, q);
+    }
+
+    fn send(&mut self, m: Message) {
+        self.out.push_back(Action::Control(m));
+    }
+
+    fn on_control(&mut self, m: Message) {
+        match m {
+            Message::Assign { tf_id, epn_id } => match self.kept.get(&tf_id) {
+                // A TF already sent: its EPN died and the ICN moved it.
+                Some(&n) => {
+                    if !self.resend(tf_id, epn_id, n) {
+                        self.kept.remove(&tf_id);
+                        self.budget.release(n);
+                    }
+                }
+                None => self.enqueue(tf_id, epn_id),
+            },
+            Message::Release { tf_id } => {
+                if let Some(n) = self.kept.remove(&tf_id) {
+                    self.budget.release(n);
+                    self.publish();
+                }
+            }
+            // EPNs joining mid-run (or restarted): connect in the background.
+            Message::EpnList(list) => self.out.extend(list.into_iter().map(Action::Connect)),
+            Message::RunStart { .. } => {}
+            Message::RunStop { .. } => {
+                for (_, n) in self.kept.drain() {
+                    self.budget.release(n);
+                }
+                self.out.push_back(Action::Stop);
+            }
+            other => {
+                tracing::warn!(
+                    "FLP {}: unexpected {:?} from the ICN",
+                    self.me,
+                    other.msg_type()
+                );
+                self.metrics.error("unexpected_message");
+            }
+        }
+    }
+
+    /// Counts a dropped STF and tells the ICN why.
+    fn dropped(&mut self, tf: TfId, reason: Reason) {
+        self.metrics.stf("dropped", reason.name(), 1);
+        let flp_id = self.me;
+        self.send(Message::StfDropped {
+            tf_id: tf,
+            flp_id,
+            reason,
+        });
+    }
+
+    /// Puts the STF of `tf` in the queue of `epn`, or drops it with the reason.
+    fn enqueue(&mut self, tf: TfId, epn: EpnId) {
+        let n = self.size.sample(self.seed, self.me, tf);
+        let Some(q) = self.queues.get(&epn) else {
+            tracing::warn!("FLP {}: TF {tf} assigned to unknown EPN {epn}", self.me);
+            self.metrics.error("unknown_epn");
+            return self.dropped(tf, Reason::SendFailed);
+        };
+        if q.jobs >= QUEUE_PER_EPN {
+            return self.dropped(tf, Reason::FlpQueueFull);
+        }
+        if self.kept.len() >= MAX_KEPT || !self.budget.try_reserve(n) {
+            return self.dropped(tf, Reason::FlpBufferFull);
+        }
+        if !q.bytes.try_reserve(n) {
+            self.budget.release(n);
+            return self.dropped(tf, Reason::FlpQueueFull);
+        }
+        self.publish();
+        if self.retain {
+            self.kept.insert(tf, n);
+        }
+        self.queue(tf, epn, n);
+    }
+
+    /// Re-sends a kept STF (its bytes are already in the send buffer) to the EPN that
+    /// took over its TF. Returns false (and reports the drop) when it cannot be queued.
+    fn resend(&mut self, tf: TfId, epn: EpnId, n: u64) -> bool {
+        let Some(q) = self.queues.get(&epn) else {
+            self.metrics.error("unknown_epn");
+            self.dropped(tf, Reason::SendFailed);
+            return false;
+        };
+        if q.jobs >= QUEUE_PER_EPN || !q.bytes.try_reserve(n) {
+            self.dropped(tf, Reason::FlpQueueFull);
+            return false;
+        }
+        self.metrics.stf("resent", "epn_lost", 1);
+        self.queue(tf, epn, n);
+        true
+    }
+
+    fn queue(&mut self, tf: TfId, epn: EpnId, len: u64) {
+        let q = self.queues.get_mut(&epn).expect("queue checked");
+        q.jobs += 1;
+        debug_assert!(q.jobs <= QUEUE_PER_EPN);
+        let queue = q.id;
+        self.out.push_back(Action::Queue(StfJob {
+            tf,
+            epn,
+            len,
+            queue,
+        }));
+    }
+
+    /// A sender finished a job (or could not write it).
+    fn on_sent(&mut self, job: StfJob, ok: bool) {
+        if !self.retain {
+            self.budget.release(job.len);
+        }
+        let first_failure = match self.queues.get_mut(&job.epn) {
+            Some(q) if q.id == job.queue => {
+                q.bytes.release(job.len);
+                q.jobs -= 1;
+                let first = !ok && !q.failed;
+                q.failed |= !ok;
+                first
+            }
+            _ => false,
+        };
+        self.publish();
+        if ok {
+            self.metrics.stf("sent", "", 1);
+            self.metrics.bytes("sent", job.len);
+            return;
+        }
+        if first_failure {
+            self.metrics.error("send_failed");
+        }
+        if !self.retain {
+            return self.dropped(job.tf, Reason::SendFailed);
+        }
+        self.metrics.stf("kept", "send_failed", 1);
+        if first_failure {
+            // Not a drop: tell the ICN, which takes the EPN out of the schedule and
+            // moves its TFs (their STFs are kept here).
+            self.send(Message::EpnReachable {
+                epn_id: job.epn,
+                ok: false,
+            });
+        }
+    }
+
+    fn publish(&self) {
+        self.metrics
+            .set_buffer("flp_send", self.budget.used(), self.budget.limit());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: u64 = 1024;
+
+    /// An FLP with 1 KiB STFs, a send buffer of `buffer` bytes, EPNs 0 and 1.
+    fn flp(retain: bool, buffer: u64) -> (FlpCore, Arc<Metrics>) {
+        let m = Metrics::new("flp", Some(0));
+        let size = StfSize::Fixed(KIB);
+        let core = FlpCore::new(0, (size, 1, retain), buffer, &[0, 1], m.clone());
+        (core, m)
+    }
+
+    fn drain(c: &mut FlpCore) -> Vec<Action> {
+        std::iter::from_fn(|| c.poll_action()).collect()
+    }
+
+    fn assign(c: &mut FlpCore, tf: TfId, epn: EpnId) -> Vec<Action> {
+        c.handle(Input::Control(Message::Assign {
+            tf_id: tf,
+            epn_id: epn,
+        }));
+        drain(c)
+    }
+
+    fn job(a: &[Action]) -> StfJob {
+        match a {
+            [Action::Queue(j)] => *j,
+            other => panic!("expected one job, got {other:?}"),
+        }
+    }
+
+    fn dropped(a: &[Action]) -> Option<Reason> {
+        a.iter().find_map(|x| match x {
+            Action::Control(Message::StfDropped { reason, .. }) => Some(*reason),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn an_assignment_queues_the_stf_for_its_epn() {
+        let (mut c, _) = flp(false, 64 * KIB);
+        let j = job(&assign(&mut c, 5, 1));
+        assert_eq!((j.tf, j.epn, j.len), (5, 1, KIB));
+        assert_eq!(c.buffered(), KIB);
+        c.handle(Input::Sent { job: j, ok: true });
+        assert_eq!(c.buffered(), 0, "sent and not kept: freed");
+    }
+
+    #[test]
+    fn kept_stfs_stay_until_release() {
+        let (mut c, _) = flp(true, 64 * KIB);
+        let j = job(&assign(&mut c, 5, 1));
+        c.handle(Input::Sent { job: j, ok: true });
+        assert_eq!(c.buffered(), KIB, "kept for a re-send");
+        c.handle(Input::Control(Message::Release { tf_id: 5 }));
+        assert_eq!(c.buffered(), 0);
+    }
+
+    #[test]
+    fn a_moved_tf_is_sent_again_from_the_kept_bytes() {
+        let (mut c, m) = flp(true, 64 * KIB);
+        let j = job(&assign(&mut c, 5, 0));
+        c.handle(Input::Sent { job: j, ok: true });
+        let again = job(&assign(&mut c, 5, 1));
+        assert_eq!((again.epn, again.len), (1, KIB));
+        assert_eq!(c.buffered(), KIB, "the same bytes, not reserved twice");
+        assert_eq!(m.counter("stfs.resent.epn_lost"), 1);
+    }
+
+    #[test]
+    fn a_full_send_buffer_drops_with_its_reason() {
+        let (mut c, m) = flp(true, 2 * KIB);
+        job(&assign(&mut c, 0, 0));
+        job(&assign(&mut c, 1, 1));
+        let a = assign(&mut c, 2, 0);
+        assert_eq!(dropped(&a), Some(Reason::FlpBufferFull));
+        assert_eq!(m.counter("stfs.dropped.flp_buffer_full"), 1);
+    }
+
+    #[test]
+    fn one_epn_cannot_take_more_than_its_share() {
+        let (mut c, _) = flp(false, 4 * KIB);
+        job(&assign(&mut c, 0, 0));
+        job(&assign(&mut c, 1, 0));
+        let a = assign(&mut c, 2, 0);
+        assert_eq!(
+            dropped(&a),
+            Some(Reason::FlpQueueFull),
+            "half the buffer each"
+        );
+        job(&assign(&mut c, 3, 1));
+    }
+
+    #[test]
+    fn an_unknown_epn_is_a_send_failure() {
+        let (mut c, m) = flp(false, 4 * KIB);
+        let a = assign(&mut c, 0, 9);
+        assert_eq!(dropped(&a), Some(Reason::SendFailed));
+        assert_eq!(m.counter("errors.unknown_epn"), 1);
+    }
+
+    #[test]
+    fn a_failed_connection_is_reported_once_and_keeps_the_stfs() {
+        let (mut c, m) = flp(true, 64 * KIB);
+        let j1 = job(&assign(&mut c, 0, 1));
+        let j2 = job(&assign(&mut c, 1, 1));
+        c.handle(Input::Sent { job: j1, ok: false });
+        c.handle(Input::Sent { job: j2, ok: false });
+        let a = drain(&mut c);
+        let unreachable = a
+            .iter()
+            .filter(|x| matches!(x, Action::Control(Message::EpnReachable { ok: false, .. })))
+            .count();
+        assert_eq!(unreachable, 1);
+        assert_eq!(dropped(&a), None, "kept, not dropped");
+        assert_eq!(c.buffered(), 2 * KIB);
+        assert_eq!(m.counter("stfs.kept.send_failed"), 2);
+    }
+
+    #[test]
+    fn without_retain_a_failed_send_is_a_drop() {
+        let (mut c, _) = flp(false, 64 * KIB);
+        let j = job(&assign(&mut c, 0, 1));
+        c.handle(Input::Sent { job: j, ok: false });
+        assert_eq!(dropped(&drain(&mut c)), Some(Reason::SendFailed));
+        assert_eq!(c.buffered(), 0);
+    }
+
+    #[test]
+    fn a_restarted_epn_gets_a_fresh_queue() {
+        let (mut c, _) = flp(false, 4 * KIB);
+        let old = job(&assign(&mut c, 0, 1));
+        c.handle(Input::Connected { epn: 1, ok: true });
+        let a = drain(&mut c);
+        assert!(a.contains(&Action::Control(Message::EpnReachable {
+            epn_id: 1,
+            ok: true
+        })));
+        job(&assign(&mut c, 1, 1));
+        // The old connection hands its job back: it does not free the new queue.
+        c.handle(Input::Sent {
+            job: old,
+            ok: false,
+        });
+        drain(&mut c);
+        job(&assign(&mut c, 2, 1));
+        let a = assign(&mut c, 3, 1);
+        assert_eq!(
+            dropped(&a),
+            Some(Reason::FlpQueueFull),
+            "2 KiB share, 2 KiB queued"
+        );
+    }
+
+    #[test]
+    fn run_stop_frees_everything_kept_and_stops() {
+        let (mut c, _) = flp(true, 64 * KIB);
+        let j = job(&assign(&mut c, 0, 0));
+        c.handle(Input::Sent { job: j, ok: true });
+        c.handle(Input::Control(Message::RunStop { run_id: 1 }));
+        assert_eq!(drain(&mut c), [Action::Stop]);
+        assert_eq!(c.buffered(), 0);
+    }
+
+    #[test]
+    fn heartbeats_report_free_buffer_and_kept_stfs() {
+        let (mut c, _) = flp(true, 64 * KIB);
+        job(&assign(&mut c, 0, 0));
+        c.handle(Input::Heartbeat);
+        let expect = Message::LoadReport {
+            free_bytes: 63 * KIB,
+            building: 1,
+        };
+        assert_eq!(drain(&mut c), [Action::ControlLossy(expect)]);
+    }
+
+    #[test]
+    fn an_epn_list_mid_run_asks_for_connections() {
+        let (mut c, _) = flp(true, 64 * KIB);
+        let e = EpnEntry {
+            epn_id: 7,
+            addr: "127.0.0.1:1".into(),
+        };
+        c.handle(Input::Control(Message::EpnList(vec![e.clone()])));
+        assert_eq!(drain(&mut c), [Action::Connect(e)]);
+        c.handle(Input::Connected { epn: 7, ok: false });
+        let a = drain(&mut c);
+        assert_eq!(
+            a,
+            [Action::Control(Message::EpnReachable {
+                epn_id: 7,
+                ok: false
+            })]
+        );
+    }
+}
