@@ -160,6 +160,10 @@ impl<P> Builder<P> {
     }
 
     /// TFs currently in building.
+    pub fn me(&self) -> EpnId {
+        self.me
+    }
+
     pub fn building(&self) -> usize {
         self.slots.len()
     }

@@ -2,6 +2,7 @@
 //! builds TFs and reports each one to the ICN (complete, incomplete, or dropped).
 
 pub mod builder;
+pub mod core;
 pub mod receiver;
 
 use std::net::{IpAddr, SocketAddr};
@@ -23,7 +24,8 @@ use crate::join::{
 };
 use crate::metrics::Metrics;
 use crate::registry::{self, runtime::RegistryOpts, ZkRegistry};
-use builder::{Arrival, Builder, Out};
+use builder::Builder;
+use core::{Action, EpnCore, Input};
 use receiver::{BufPool, BuildEvent, DataCtx};
 
 pub struct EpnOptions {
@@ -152,52 +154,32 @@ async fn run_once(
         prep.build_timeout_ms as u64 * 1000,
         opts.max_building,
     );
-    let mut build_task = AbortOnDrop(tokio::spawn(build_loop(
-        builder,
-        b_rx,
-        ctl_tx.clone(),
+    let core = EpnCore::new(builder, opts.die_after_tfs, metrics.clone());
+    let shell = BuildShell {
+        core,
+        ctl: ctl_tx.clone(),
         budget,
         pool,
-        metrics.clone(),
-        opts.die_after_tfs,
-    )));
-    ctl_tx
-        .send(Message::Ready {
-            role: Role::Epn,
-            node_id: me,
-            connected: 0,
-        })
-        .await?;
-
+        metrics: metrics.clone(),
+    };
+    let mut build_task = AbortOnDrop(tokio::spawn(shell.run(b_rx)));
+    let ready = Message::Ready {
+        role: Role::Epn,
+        node_id: me,
+        connected: 0,
+    };
+    ctl_tx.send(ready).await?;
+    drop(ctl_tx);
     loop {
         match read_frame(rd, MAX_CONTROL_BODY).await {
-            Ok(Some(Message::Assign { tf_id, epn_id })) if epn_id == me => {
-                let _ = b_tx.send(BuildEvent::Assigned(tf_id)).await;
-            }
-            Ok(Some(Message::Assign { tf_id, epn_id })) => {
-                tracing::warn!("EPN {me}: ICN sent the assignment of TF {tf_id} to EPN {epn_id}");
-                metrics.error("foreign_assign");
-            }
-            Ok(Some(Message::Abandon { tf_id, reason })) => {
-                tracing::debug!("EPN {me}: ICN abandoned TF {tf_id} ({})", reason.name());
-                let _ = b_tx.send(BuildEvent::Abandoned(tf_id)).await;
-            }
-            Ok(Some(Message::RunStart { run_id })) => {
-                tracing::info!("EPN {me}: run {run_id} started");
-            }
-            Ok(Some(Message::RunStop { run_id })) => {
-                tracing::info!("EPN {me}: run {run_id} stopping");
-                let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-                let _ = b_tx.send(BuildEvent::Stop(done_tx)).await;
-                let _ = done_rx.await;
-                let _ = (&mut build_task.0).await;
-                drop(acceptor);
-                drop(ctl_tx);
-                return joined.leave(Role::Epn, &metrics).await;
-            }
-            Ok(Some(other)) => {
-                tracing::warn!("EPN {me}: unexpected {:?} from the ICN", other.msg_type());
-                metrics.error("unexpected_message");
+            Ok(Some(m)) => {
+                let stop = matches!(m, Message::RunStop { .. });
+                let _ = b_tx.send(BuildEvent::Control(m)).await;
+                if stop {
+                    let _ = (&mut build_task.0).await;
+                    drop(acceptor);
+                    return joined.leave(Role::Epn, &metrics).await;
+                }
             }
             Ok(None) => return Err(lost_icn(Role::Epn, me, icn, None, &metrics)),
             Err(e) => return Err(lost_icn(Role::Epn, me, icn, Some(e), &metrics)),
@@ -221,85 +203,71 @@ async fn bind_data(addr: SocketAddr, rejoining: bool) -> anyhow::Result<TcpListe
     }
 }
 
-/// Build ticks (20 ms) between two load reports to the ICN: 100 ms.
-const LOAD_REPORT_TICKS: u64 = 5;
-
-async fn build_loop(
-    mut b: Builder<Vec<u8>>,
-    mut rx: mpsc::Receiver<BuildEvent>,
+/// The build task: data-connection events and control frames through the core, every
+/// 20 ms a tick; reports to the ICN, buffers back to the pool.
+struct BuildShell {
+    core: EpnCore<Vec<u8>>,
     ctl: mpsc::Sender<Message>,
     budget: Arc<ByteBudget>,
     pool: Arc<BufPool>,
     metrics: Arc<Metrics>,
-    die_after_tfs: Option<u64>,
-) {
-    let mut complete: u64 = 0;
-    let t0 = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(20));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut out: Vec<Out<Vec<u8>>> = Vec::new();
-    let mut ticks: u64 = 0;
-    loop {
-        let mut stop = None;
-        tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(BuildEvent::Stf { tf, flp, target, payload }) => {
-                    let n = payload.len() as u64;
-                    let now_us = t0.elapsed().as_micros() as u64;
-                    b.stf(Arrival { tf, flp, target, bytes: n, now_us }, payload, &mut out);
+}
+
+impl BuildShell {
+    async fn run(mut self, mut rx: mpsc::Receiver<BuildEvent>) {
+        let t0 = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            let input = tokio::select! {
+                ev = rx.recv() => match ev {
+                    Some(BuildEvent::Stf { tf, flp, target, payload }) => {
+                        let bytes = payload.len() as u64;
+                        Input::Stf { tf, flp, target, bytes, payload }
+                    }
+                    Some(BuildEvent::Lost { tf, reason }) => Input::Lost { tf, reason },
+                    Some(BuildEvent::Control(m)) => Input::Control(m),
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    publish(self.core.builder(), &self.budget, &self.metrics);
+                    let free_bytes = self.budget.limit().saturating_sub(self.budget.used());
+                    Input::Tick { free_bytes }
                 }
-                Some(BuildEvent::Lost { tf, reason }) => {
-                    b.lost_stf(tf, reason, t0.elapsed().as_micros() as u64, &mut out)
-                }
-                Some(BuildEvent::Assigned(tf)) => b.assigned(tf, &mut out),
-                Some(BuildEvent::Abandoned(tf)) => b.abandon(tf, &mut out),
-                Some(BuildEvent::Stop(done)) => {
-                    b.stop(&mut out);
-                    stop = Some(done);
-                }
-                None => return,
-            },
-            _ = tick.tick() => {
-                b.tick(t0.elapsed().as_micros() as u64, &mut out);
-                publish(&b, &budget, &metrics);
-                ticks += 1;
-                if ticks >= LOAD_REPORT_TICKS {
-                    ticks = 0;
-                    // For buffer-aware policies; a full control queue skips one report.
-                    let _ = ctl.try_send(Message::LoadReport {
-                        free_bytes: budget.limit().saturating_sub(budget.used()),
-                        building: b.building().min(u32::MAX as usize) as u32,
-                    });
-                }
+            };
+            self.core.handle(t0.elapsed().as_micros() as u64, input);
+            if self.carry_out().await {
+                publish(self.core.builder(), &self.budget, &self.metrics);
+                return;
             }
         }
-        for o in out.drain(..) {
-            match o {
-                Out::Report(r) => {
-                    metrics.tf(r.status.name(), r.reason.name());
-                    if r.status == fanin_proto::TfStatus::Complete {
-                        complete += 1;
-                        if die_after_tfs.is_some_and(|n| complete > n) {
-                            tracing::warn!("EPN: goat: dying after {} complete TFs", complete - 1);
-                            // SAFETY: kill and getpid have no memory-safety preconditions.
-                            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-                        }
-                    }
-                    if ctl.send(Message::TfReport(r)).await.is_err() {
+    }
+
+    /// Carries out the core's actions; true when the run stopped.
+    async fn carry_out(&mut self) -> bool {
+        while let Some(action) = self.core.poll_action() {
+            match action {
+                Action::Control(m) => {
+                    if self.ctl.send(m).await.is_err() {
                         tracing::warn!("EPN: control connection gone; report not sent");
                     }
                 }
-                Out::Free(buf) => {
-                    budget.release(buf.len() as u64);
-                    pool.put(buf);
+                Action::ControlLossy(m) => {
+                    let _ = self.ctl.try_send(m); // a full control queue skips one report
                 }
+                Action::Free(buf) => {
+                    self.budget.release(buf.len() as u64);
+                    self.pool.put(buf);
+                }
+                Action::Die { complete } => {
+                    tracing::warn!("EPN: goat: dying after {complete} complete TFs");
+                    // SAFETY: kill and getpid have no memory-safety preconditions.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                }
+                Action::Stopped => return true,
             }
         }
-        if let Some(done) = stop {
-            publish(&b, &budget, &metrics);
-            let _ = done.send(());
-            return;
-        }
+        false
     }
 }
 

@@ -28,9 +28,8 @@ pub enum BuildEvent {
         tf: TfId,
         reason: Reason,
     },
-    Assigned(TfId),
-    Abandoned(TfId),
-    Stop(tokio::sync::oneshot::Sender<()>),
+    /// A frame from the ICN (the control loop forwards them all).
+    Control(Message),
 }
 
 /// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay
