@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use fanin_proto::SizeWire;
-use fanin_sched::policy::{LeastLoaded, LeastLoadedConfig};
-use fanin_sched::{parse_bytes, Policy, PolicyKind, StfSize};
+use fanin_sched::policy::LeastLoadedConfig;
+use fanin_sched::{parse_bytes, Policy, PolicyConfig, PolicyKind, StfSize};
 use serde::{Deserialize, Serialize};
 
 /// One run, as written in an experiment file's `[run]` table or `config.toml`.
@@ -116,15 +116,17 @@ fn field_err(field: &str, msg: impl std::fmt::Display) -> anyhow::Error {
 
 impl RunConfig {
     /// The configured policy with its parameters (weights, least-loaded settings).
-    pub fn build_policy(&self) -> Box<dyn Policy> {
-        let mut p: Box<dyn Policy> = match self.policy {
-            PolicyKind::LeastLoaded => Box::new(LeastLoaded::new(self.least_loaded)),
-            other => other.build(),
-        };
-        for (epn, &w) in self.epn_weights.iter().enumerate() {
-            p.set_weight(epn as u32, w);
+    pub fn policy_config(&self) -> PolicyConfig {
+        PolicyConfig {
+            kind: self.policy,
+            epn_weights: self.epn_weights.clone(),
+            least_loaded: self.least_loaded,
         }
-        p
+    }
+
+    /// The configured policy, built.
+    pub fn build_policy(&self) -> Box<dyn Policy> {
+        self.policy_config().build()
     }
 
     pub fn check(&self) -> anyhow::Result<Checked> {

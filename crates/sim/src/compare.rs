@@ -87,6 +87,8 @@ pub fn flow_twin(cfg: &SimConfig) -> Result<AliceConfig, String> {
         epn_nic_gbps: Some(cfg.pc_mbps / 1e3),
         stf_size: Some(size),
         policy: cfg.policy,
+        epn_weights: Vec::new(),
+        least_loaded: Default::default(),
         duration_s: cfg.duration_s,
         drain_s: cfg.relax_s,
         // Never full, never processing, never timed out: only the network counts.

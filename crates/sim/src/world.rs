@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 
-use fanin_sched::Policy;
 use rand::{Rng, SeedableRng};
 
 use crate::config::{SimConfig, Transport};
@@ -62,7 +61,7 @@ pub struct World {
     rng_ber: rand_pcg::Pcg64Mcg,
     lcm_nodes: Vec<NodeId>,
     pc_nodes: Vec<NodeId>,
-    policy: Box<dyn Policy>,
+    placer: fanin_sched::Placer,
     bio: BioModel,
     bursts: Vec<BurstState>,
     slice: Time,
@@ -132,9 +131,9 @@ impl World {
             pc_nodes.push(pc);
         }
         let net = b.build();
-        let mut policy = cfg.policy.build();
+        let mut placer = fanin_sched::Placer::new(cfg.policy.build());
         for i in 0..pc_nodes.len() as u32 {
-            policy.add_epn(i);
+            placer.policy_mut().add_epn(i);
         }
         let slice = (cfg.slice_ms * MS as f64).round() as Time;
         let slices = ((cfg.duration_s * SEC as f64) / slice as f64).round() as u64;
@@ -168,7 +167,7 @@ impl World {
             conn_of: vec![u32::MAX; lcm_nodes.len() * pc_nodes.len()],
             lcm_nodes,
             pc_nodes,
-            policy,
+            placer,
             bio,
             slice,
             slices,
@@ -228,11 +227,9 @@ impl World {
                 Some(m) => m.tf_bytes(self.cfg.seed, lcms as u32, n),
                 None => self.cfg.fragment_bytes as u64 * lcms,
             };
-            let dst = self
-                .policy
-                .assign(fanin_sched::TfRequest::new(n, bytes))
-                .epn()
-                .expect("PCs never leave nor report load in this model");
+            let fanin_sched::Placed::Assigned(dst) = self.placer.issue(n, bytes) else {
+                unreachable!("PCs never leave nor report load in this model")
+            };
             for i in 0..lcms as u32 {
                 let f = match self.sizes {
                     Some(m) => Fragment::Send(m.sample(self.cfg.seed, i, n) as u32),

@@ -142,10 +142,11 @@ pub trait Policy: Send {
 }
 
 /// The policies a configuration can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     /// Round robin over registered EPNs in join order (the TDR's `determineChannel`).
+    #[default]
     RoundRobin,
     /// ANTARES static assignment: TF s goes to EPN s mod N (EPNs sorted by id).
     StaticModulo,

@@ -1,7 +1,8 @@
 //! Event building over a fat tree: FLPs and EPNs on the hosts, so the EPN policy (which
 //! EPN builds a TF) and the routing (which path each STF takes) together load the core.
 
-use fanin_sched::{Decision, PolicyKind, TfRequest};
+use fanin_sched::policy::LeastLoadedConfig;
+use fanin_sched::{Placed, Placer, PolicyConfig, PolicyKind};
 use serde::{Deserialize, Serialize};
 
 use super::hedera::{Controller, Placement, Seen};
@@ -25,6 +26,11 @@ pub struct BuildConfig {
     /// Each FLP's output as a fraction of its host link.
     pub load: f64,
     pub policy: PolicyKind,
+    /// `weighted-round-robin`: weight of EPN i, as the runtime's `epn_weights`.
+    pub epn_weights: Vec<u32>,
+    /// `least-loaded` parameters, as the runtime's (EPNs report no load here: every
+    /// EPN qualifies).
+    pub least_loaded: LeastLoadedConfig,
     pub routing: Routing,
     pub hedera: Option<Placement>,
     pub hedera_interval_s: f64,
@@ -44,6 +50,8 @@ impl Default for BuildConfig {
             tf_rate_hz: 50.0,
             load: 0.5,
             policy: PolicyKind::RoundRobin,
+            epn_weights: Vec::new(),
+            least_loaded: LeastLoadedConfig::default(),
             routing: Routing::Ecmp,
             hedera: None,
             hedera_interval_s: 1.0,
@@ -123,9 +131,14 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, String> {
     let every = cfg.flp_every.max(2);
     let flps: Vec<u32> = (0..tree.hosts).filter(|h| h % every == 0).collect();
     let epns: Vec<u32> = (0..tree.hosts).filter(|h| h % every != 0).collect();
-    let mut policy = cfg.policy.build();
+    let policy = PolicyConfig {
+        kind: cfg.policy,
+        epn_weights: cfg.epn_weights.clone(),
+        least_loaded: cfg.least_loaded,
+    };
+    let mut placer = Placer::new(policy.build());
     for e in 0..epns.len() as u32 {
-        policy.add_epn(e);
+        placer.policy_mut().add_epn(e);
     }
     let stf_bits = cfg.load * cfg.host_mbps * 1e6 / cfg.tf_rate_hz;
     let salt = mix(cfg.seed ^ 0xa409_3822_299f_31d0);
@@ -170,8 +183,8 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, String> {
                 issued_at.push(t);
                 left.push(0);
                 let bytes = (stf_bits / 8.0 * flps.len() as f64) as u64;
-                match policy.assign(TfRequest::new(n, bytes)) {
-                    Decision::Assign(e) => {
+                match placer.issue(n, bytes) {
+                    Placed::Assigned(e) => {
                         let dst = epns[e as usize];
                         for &src in &flps {
                             let np = tree.n_paths(src, dst);
@@ -198,7 +211,8 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, String> {
                             left[n as usize] += 1;
                         }
                     }
-                    Decision::Wait | Decision::Drop(_) => dropped += 1,
+                    // EPNs report no load here, so no policy makes a TF wait.
+                    Placed::Waiting | Placed::Dropped(_) => dropped += 1,
                 }
             }
             Ev::Finish => {

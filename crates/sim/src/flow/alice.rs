@@ -6,7 +6,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use fanin_sched::{Decision, EpnLoad, Policy, PolicyKind, StfSize, TfRequest};
+use fanin_sched::policy::LeastLoadedConfig;
+use fanin_sched::{EpnLoad, Placed, Placer, PolicyConfig, PolicyKind, StfSize};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +33,11 @@ pub struct AliceConfig {
     /// STF size model from `crates/sched` (bytes); default: fixed, flp_gbps / tf_rate_hz.
     pub stf_size: Option<String>,
     pub policy: PolicyKind,
+    /// `weighted-round-robin`: weight of EPN i, as the runtime's `epn_weights` (default:
+    /// capacity weights, 10 for a normal EPN and 10 / slow_factor for a slow one).
+    pub epn_weights: Vec<u32>,
+    /// `least-loaded` parameters, as the runtime's `[run.least_loaded]`.
+    pub least_loaded: LeastLoadedConfig,
     /// Seconds of TF issuing.
     pub duration_s: f64,
     /// Then this long for TFs in flight to finish.
@@ -74,6 +80,8 @@ impl Default for AliceConfig {
             epn_nic_gbps: None,
             stf_size: None,
             policy: PolicyKind::RoundRobin,
+            epn_weights: Vec::new(),
+            least_loaded: LeastLoadedConfig::default(),
             duration_s: 60.0,
             drain_s: 30.0,
             epn_buffer_gb: 64.0,
@@ -321,14 +329,12 @@ struct Sim<'a> {
     cfg: &'a AliceConfig,
     net: Fluid,
     q: Queue<Ev>,
-    policy: Box<dyn Policy>,
+    placer: Placer,
     epns: Vec<Epn>,
     tfs: Vec<Tf>,
     flp_links: Vec<u32>,
     epn_links: Vec<u32>,
     flow_tf: Vec<u64>,
-    /// TFs the policy told to wait, oldest first.
-    waiting: VecDeque<u64>,
     waited: u64,
     buffer: f64,
     agg: bool,
@@ -344,7 +350,7 @@ impl Sim<'_> {
     /// Tells the policy an EPN's load (instantly; the runtime reports periodically).
     fn report(&mut self, e: u32) {
         let ep = &self.epns[e as usize];
-        self.policy.report_load(
+        self.placer.policy_mut().report_load(
             e,
             EpnLoad {
                 free_bytes: (self.buffer - ep.used).max(0.0) as u64,
@@ -353,29 +359,29 @@ impl Sim<'_> {
         );
     }
 
-    /// Places waiting TFs, oldest first, while the policy assigns or drops them.
+    /// Places waiting TFs, oldest first, while the policy assigns or drops them; TFs
+    /// that waited past the build time-out are dropped (`wait_timeout`).
     fn place_waiting(&mut self, now: Time) -> Result<(), String> {
         let timeout = secs(self.cfg.build_timeout_s);
-        while let Some(&n) = self.waiting.front() {
-            if self.tfs[n as usize].issued + timeout <= now {
-                self.waiting.pop_front();
-                self.tfs[n as usize].end = Some(End::Dropped("wait_timeout"));
-                continue;
-            }
-            let req = TfRequest::new(n, self.tfs[n as usize].bytes.round() as u64);
-            match self.policy.assign(req) {
-                Decision::Wait => break,
-                Decision::Drop(r) => {
-                    self.waiting.pop_front();
-                    self.tfs[n as usize].end = Some(End::Dropped(r.name()));
+        loop {
+            let tfs = &mut self.tfs;
+            let open = |n: u64| {
+                let tf = &mut tfs[n as usize];
+                let late = tf.issued + timeout <= now;
+                if late {
+                    tf.end = Some(End::Dropped("wait_timeout"));
                 }
-                Decision::Assign(e) => {
-                    self.waiting.pop_front();
-                    self.start_tf(n, e, now)?;
+                !late
+            };
+            match self.placer.place_next(open) {
+                None => return Ok(()),
+                Some((n, Placed::Assigned(e))) => self.start_tf(n, e, now)?,
+                Some((n, Placed::Dropped(r))) => {
+                    self.tfs[n as usize].end = Some(End::Dropped(r.name()))
                 }
+                Some((_, Placed::Waiting)) => unreachable!("place_next never answers Waiting"),
             }
         }
-        Ok(())
     }
 
     /// Starts the STF transfers of TF `n` to EPN `e`, or drops it if `e` cannot hold it.
@@ -516,13 +522,12 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
         cfg,
         net,
         q: Queue::new(),
-        policy: cfg.policy.build(),
+        placer: Placer::new(policy_config(cfg).build()),
         epns,
         tfs: Vec::new(),
         flp_links,
         epn_links,
         flow_tf: Vec::new(),
-        waiting: VecDeque::new(),
         waited: 0,
         buffer: cfg.epn_buffer_gb * 1e9,
         agg,
@@ -540,8 +545,10 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
         } else {
             10
         };
-        sim.policy.set_weight(e, w);
-        sim.policy.add_epn(e);
+        if cfg.epn_weights.is_empty() {
+            sim.placer.policy_mut().set_weight(e, w);
+        }
+        sim.placer.policy_mut().add_epn(e);
         sim.report(e);
     }
     let period = 1.0 / scale.tf_rate_hz;
@@ -594,14 +601,11 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
                     left: 0,
                     end: None,
                 });
-                let was_waiting = !sim.waiting.is_empty();
-                sim.waiting.push_back(n);
-                // TFs are placed in issue order: behind waiting ones, this one waits too.
-                if !was_waiting {
-                    sim.place_waiting(t)?;
-                }
-                if sim.waiting.back() == Some(&n) {
-                    sim.waited += 1;
+                let bytes = sim.tfs[n as usize].bytes.round() as u64;
+                match sim.placer.issue(n, bytes) {
+                    Placed::Assigned(e) => sim.start_tf(n, e, t)?,
+                    Placed::Dropped(r) => sim.tfs[n as usize].end = Some(End::Dropped(r.name())),
+                    Placed::Waiting => sim.waited += 1,
                 }
                 peak_flows = peak_flows.max(sim.net.active().len());
             }
@@ -654,7 +658,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
             }
             Ev::Fail(e) => {
                 failures += 1;
-                sim.policy.remove_epn(e);
+                sim.placer.policy_mut().remove_epn(e);
                 // TFs still arriving at it are lost with it (built ones were reported).
                 let lost: Vec<u64> = (0..sim.tfs.len() as u64)
                     .filter(|&n| {
@@ -678,7 +682,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
                 retry = true;
             }
             Ev::Return(e) => {
-                sim.policy.add_epn(e);
+                sim.placer.policy_mut().add_epn(e);
                 sim.report(e);
                 let next = t + secs(exp(&mut rng_fail, cfg.mtbf_s));
                 if next < end {
@@ -687,7 +691,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
                 retry = true;
             }
         }
-        if retry && !sim.waiting.is_empty() {
+        if retry && sim.placer.waiting_len() > 0 {
             sim.place_waiting(t)?;
         }
         if sim.changed && resolve_at.is_none() {
@@ -704,7 +708,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
         }
     }
     sim.net.advance(end);
-    while let Some(n) = sim.waiting.pop_front() {
+    for n in sim.placer.drain_waiting() {
         sim.tfs[n as usize].end = Some(End::Dropped("wait_timeout"));
     }
     for n in 0..sim.tfs.len() as u64 {
@@ -782,4 +786,13 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
         peak_flows,
         aggregated: agg,
     })
+}
+
+/// The run's policy with its parameters, as the runtime configures it.
+fn policy_config(cfg: &AliceConfig) -> PolicyConfig {
+    PolicyConfig {
+        kind: cfg.policy,
+        epn_weights: cfg.epn_weights.clone(),
+        least_loaded: cfg.least_loaded,
+    }
 }

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fanin_proto::{Message, Reason, TfStatus};
-use fanin_sched::{Decision, DropReason, EpnId, TfId, TfRequest};
+use fanin_sched::{DropReason, EpnId, Placed, TfId};
 
 use super::{Action, IcnCore, Now, Phase, ISSUE_BATCH};
 use crate::icn::ledger::TfRow;
@@ -51,7 +51,9 @@ impl IcnCore {
         if self.ledger.pending() as u64 >= self.cfg.run.cfg.max_inflight {
             return false; // wait for acknowledgements
         }
-        if (self.flps.len() as u32) < self.cfg.run.cfg.flps || self.policy.epns().is_empty() {
+        if (self.flps.len() as u32) < self.cfg.run.cfg.flps
+            || self.placer.policy().epns().is_empty()
+        {
             let since = *self.paused_since.get_or_insert(now);
             return now.saturating_sub(since).as_secs_f64() >= self.cfg.run.cfg.prerun_timeout_s;
         }
@@ -72,24 +74,17 @@ impl IcnCore {
             let row = self.ledger.issue_dropped(tf, Reason::FlpLost, now);
             return self.ended(&row);
         }
-        if !self.waiting.is_empty() {
-            // Older TFs wait for an EPN: this one queues behind them.
-            self.ledger.issue_waiting(tf, now);
-            self.waiting.push_back(tf);
-            return;
-        }
-        match self.policy.assign(TfRequest::new(tf, self.tf_bytes(tf))) {
-            Decision::Assign(epn) => {
+        match self.placer.issue(tf, self.tf_bytes(tf)) {
+            Placed::Assigned(epn) => {
                 self.ledger.issue(tf, epn, now);
                 self.dispatch(tf, epn);
             }
-            Decision::Wait => {
+            Placed::Waiting => {
                 self.ledger.issue_waiting(tf, now);
-                self.waiting.push_back(tf);
-                self.metrics
-                    .set_level("tfs_waiting", self.waiting.len() as u64);
+                let n = self.placer.waiting_len() as u64;
+                self.metrics.set_level("tfs_waiting", n);
             }
-            Decision::Drop(r) => {
+            Placed::Dropped(r) => {
                 let row = self.ledger.issue_dropped(tf, drop_reason(r), now);
                 self.ended(&row);
             }
@@ -120,32 +115,30 @@ impl IcnCore {
         }
     }
 
-    /// Gives waiting TFs an EPN, oldest first, while the policy finds one.
+    /// Gives waiting TFs an EPN, oldest first, while the policy finds one. TFs that
+    /// ended meanwhile (an FLP could not send its STF) leave the queue.
     pub(super) fn assign_waiting(&mut self) {
-        while let Some(&tf) = self.waiting.front() {
-            if !self.ledger.is_pending(tf) {
-                // Ended meanwhile (an FLP could not send its STF).
-                self.waiting.pop_front();
-                continue;
-            }
-            match self.policy.assign(TfRequest::new(tf, self.tf_bytes(tf))) {
-                Decision::Wait => break,
-                Decision::Assign(epn) => {
-                    self.waiting.pop_front();
+        loop {
+            let ledger = &self.ledger;
+            let Some((tf, placed)) = self.placer.place_next(|tf| ledger.is_pending(tf)) else {
+                break;
+            };
+            match placed {
+                Placed::Assigned(epn) => {
                     self.ledger.assign_waiting(tf, epn);
                     self.dispatch(tf, epn);
                 }
-                Decision::Drop(r) => {
-                    self.waiting.pop_front();
+                Placed::Dropped(r) => {
                     let now = self.now_us();
                     if let Some(row) = self.ledger.flp_dropped(tf, drop_reason(r), now) {
                         self.ended(&row);
                     }
                 }
+                Placed::Waiting => unreachable!("place_next never answers Waiting"),
             }
         }
-        self.metrics
-            .set_level("tfs_waiting", self.waiting.len() as u64);
+        let n = self.placer.waiting_len() as u64;
+        self.metrics.set_level("tfs_waiting", n);
     }
 
     /// Zero-loss mode: the TFs of a dead EPN go to live EPNs, and the FLPs re-send
@@ -153,32 +146,28 @@ impl IcnCore {
     pub(super) fn reassign_from(&mut self, dead: EpnId) -> (u64, u64) {
         let (mut moved, mut lost) = (0, 0);
         for tf in self.ledger.pending_on(dead) {
-            match self.policy.assign(TfRequest::new(tf, self.tf_bytes(tf))) {
-                Decision::Assign(to) if self.epns.contains_key(&to) => {
+            let reason = match self.placer.replace(tf, self.tf_bytes(tf)) {
+                Placed::Assigned(to) if self.epns.contains_key(&to) => {
                     if self.ledger.reassign(tf, to) {
                         self.metrics.tf("reassigned", "epn_lost");
                         moved += 1;
                         self.dispatch(tf, to);
                     }
+                    continue;
                 }
-                Decision::Wait => {
+                Placed::Waiting => {
                     // No EPN has room now: it waits (the FLPs keep its STFs), in id order.
                     self.ledger.unassign(tf);
-                    let at = self.waiting.partition_point(|&w| w < tf);
-                    self.waiting.insert(at, tf);
                     moved += 1;
+                    continue;
                 }
-                other => {
-                    let reason = match other {
-                        Decision::Drop(r) => drop_reason(r),
-                        _ => Reason::EpnLost,
-                    };
-                    let now = self.now_us();
-                    if let Some(row) = self.ledger.flp_dropped(tf, reason, now) {
-                        self.ended(&row);
-                        lost += 1;
-                    }
-                }
+                Placed::Dropped(r) => drop_reason(r),
+                Placed::Assigned(_) => Reason::EpnLost,
+            };
+            let now = self.now_us();
+            if let Some(row) = self.ledger.flp_dropped(tf, reason, now) {
+                self.ended(&row);
+                lost += 1;
             }
         }
         (moved, lost)

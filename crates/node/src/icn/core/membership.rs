@@ -324,7 +324,7 @@ impl IcnCore {
         p.ready = true;
         self.epns.insert(epn, conn);
         let t0 = (self.cfg.stopwatch_ns)();
-        self.policy.add_epn(epn);
+        self.placer.policy_mut().add_epn(epn);
         let policy_us = (self.cfg.stopwatch_ns)().saturating_sub(t0) as f64 / 1e3;
         self.set_levels();
         let run_id = self.cfg.run_id;
@@ -481,7 +481,7 @@ impl IcnCore {
         let name = p.name();
         let t0 = (self.cfg.stopwatch_ns)();
         if p.role == Role::Epn {
-            self.policy.remove_epn(p.id);
+            self.placer.policy_mut().remove_epn(p.id);
         }
         let policy_us = (self.cfg.stopwatch_ns)().saturating_sub(t0) as f64 / 1e3;
         let msg = if p.role == Role::Epn && self.cfg.run.cfg.reassign {

@@ -33,7 +33,7 @@ impl IcnCore {
                     free_bytes,
                     building,
                 };
-                self.policy.report_load(id, load);
+                self.placer.policy_mut().report_load(id, load);
             }
             Message::NodeStats(s) => {
                 if let Some(p) = self.peers.get_mut(&conn) {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fanin_proto::{Message, Register, Role};
-use fanin_sched::{EpnId, FlpId, Policy, TfId};
+use fanin_sched::{EpnId, FlpId, Placer};
 
 use super::ledger::{Ledger, TfRow};
 use super::summary::{MemberEvent, Tally};
@@ -162,7 +162,8 @@ pub struct IcnCore {
     pub(crate) peers: HashMap<ConnId, Peer>,
     pub(crate) epns: BTreeMap<EpnId, ConnId>,
     pub(crate) flps: BTreeMap<FlpId, ConnId>,
-    pub(crate) policy: Box<dyn Policy>,
+    /// The policy, and the TFs waiting for an EPN (oldest first).
+    pub(crate) placer: Placer,
     pub(crate) ledger: Ledger,
     /// Kept apart from the ledger, to check it: rows written per status.
     pub(crate) tally: Tally,
@@ -170,8 +171,6 @@ pub struct IcnCore {
     pub(crate) next_tf: u64,
     /// Last membership snapshot from the registry (ZooKeeper), to see who left.
     pub(crate) registry_members: Option<Membership>,
-    /// TFs issued while the policy said wait (no EPN had room), oldest first.
-    pub(crate) waiting: VecDeque<TfId>,
     pub(crate) lost_leadership: bool,
     /// Unthrottled runs: since when issuing waits for a missing node.
     pub(crate) paused_since: Option<Now>,
@@ -191,7 +190,7 @@ impl IcnCore {
     pub fn new(cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
         let prerun_timeout = Duration::from_secs_f64(cfg.run.cfg.prerun_timeout_s);
         IcnCore {
-            policy: cfg.run.cfg.build_policy(),
+            placer: Placer::new(cfg.run.cfg.build_policy()),
             registry_members: cfg.registry_members.clone(),
             cfg,
             metrics,
@@ -207,7 +206,6 @@ impl IcnCore {
             ledger: Ledger::new(),
             tally: Tally::default(),
             next_tf: 0,
-            waiting: VecDeque::new(),
             lost_leadership: false,
             paused_since: None,
             joining: BTreeMap::new(),
@@ -349,9 +347,9 @@ impl IcnCore {
             "tally and ledger disagree"
         );
         assert!(self.ledger.issued <= self.next_tf, "more TFs than ids");
-        for tf in &self.waiting {
-            if self.ledger.is_pending(*tf) {
-                assert_eq!(self.ledger.assigned(*tf), None, "waiting TF {tf} assigned");
+        for tf in self.placer.waiting() {
+            if self.ledger.is_pending(tf) {
+                assert_eq!(self.ledger.assigned(tf), None, "waiting TF {tf} assigned");
             }
         }
         for (&epn, conn) in &self.epns {

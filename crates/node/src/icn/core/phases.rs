@@ -61,8 +61,8 @@ impl IcnCore {
         } else {
             self.cfg.run.configured_duration.map(|d| now + d)
         };
-        for &epn in self.epns.keys() {
-            self.policy.add_epn(epn);
+        for epn in self.epns.keys().copied().collect::<Vec<_>>() {
+            self.placer.policy_mut().add_epn(epn);
         }
         self.broadcast(Message::RunStart {
             run_id: self.cfg.run_id,
@@ -169,7 +169,7 @@ impl IcnCore {
     pub(super) fn begin_stop(&mut self) {
         // TFs still waiting for an EPN never got one.
         let now = self.now_us();
-        while let Some(tf) = self.waiting.pop_front() {
+        for tf in self.placer.drain_waiting() {
             if let Some(row) = self.ledger.flp_dropped(tf, Reason::EpnsBusy, now) {
                 self.ended(&row);
             }
@@ -208,7 +208,7 @@ impl IcnCore {
         );
         self.phase = Phase::Done;
         Summary {
-            policy_resets: self.policy.resets(),
+            policy_resets: self.placer.policy().resets(),
             membership: std::mem::take(&mut self.membership),
             ..summary
         }

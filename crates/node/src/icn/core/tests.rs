@@ -930,7 +930,7 @@ fn tfs_wait_for_room_and_go_oldest_first() {
     h.msg(epn_conn(0), full);
     let out = h.at(2);
     assert!(assigns(&out).is_empty(), "no room: TFs 1, 2 wait");
-    assert_eq!(h.core.waiting.len(), 2);
+    assert_eq!(h.core.placer.waiting_len(), 2);
     let room = Message::LoadReport {
         free_bytes: 1 << 30,
         building: 0,
@@ -973,7 +973,7 @@ fn epn_lost_with_no_room_elsewhere_waits_instead_of_dropping() {
         conn: epn_conn(0),
         err: None,
     });
-    assert_eq!(h.core.waiting.iter().copied().collect::<Vec<_>>(), [0]);
+    assert_eq!(h.core.placer.waiting().collect::<Vec<_>>(), [0]);
     let out = h.msg(
         epn_conn(1),
         Message::LoadReport {
@@ -1019,4 +1019,151 @@ fn a_whole_run_accounts_for_every_tf() {
     let s = h.finish();
     assert_eq!(s.issued, 50);
     assert_eq!((s.completed, s.incomplete, s.dropped), (40, 5, 5));
+}
+
+// ---- the ICN places TFs as the simulators do ----
+
+/// Every Assign the ICN sent to an EPN, in order, and every TF the policy dropped.
+fn icn_placements(cfg: RunConfig, events: &[(u64, Event)]) -> Placements {
+    let epns = cfg.epns;
+    let mut h = H::running(1, epns, |c| *c = RunConfig { flps: 1, ..cfg });
+    for t in 1..30u64 {
+        h.now = Duration::from_millis(t);
+        for (_, ev) in events.iter().filter(|(at, _)| *at == t) {
+            match *ev {
+                Event::Load(e, free_bytes) => {
+                    let load = Message::LoadReport {
+                        free_bytes,
+                        building: 0,
+                    };
+                    h.msg(epn_conn(e), load);
+                }
+                Event::Lost(e) => {
+                    h.feed(Input::Closed {
+                        conn: epn_conn(e),
+                        err: None,
+                    });
+                }
+            }
+        }
+        h.at(t);
+    }
+    let dropped = ended(&h.log)
+        .into_iter()
+        .filter(|e| e.1 == TfStatus::Dropped)
+        .map(|(tf, _, r)| (tf, r.name().to_string()))
+        .collect();
+    (assigns(&h.log), dropped)
+}
+
+/// The same scenario through the shared placement component, driven as the simulators
+/// drive it: issue each TF, retry waiting TFs after a load report, re-place a lost
+/// EPN's TFs.
+fn sim_placements(cfg: &RunConfig, events: &[(u64, Event)]) -> Placements {
+    let mut p = fanin_sched::Placer::new(cfg.policy_config().build());
+    for e in 0..cfg.epns {
+        p.policy_mut().add_epn(e);
+    }
+    let bytes = 1024; // one FLP, 1 KiB STFs
+    let mut r = Rec::default();
+    for t in 0..30u64 {
+        for (_, ev) in events.iter().filter(|(at, _)| *at == t) {
+            match *ev {
+                Event::Load(e, free_bytes) => {
+                    let load = fanin_sched::EpnLoad {
+                        free_bytes,
+                        building: 0,
+                    };
+                    p.policy_mut().report_load(e, load);
+                }
+                Event::Lost(e) => {
+                    p.policy_mut().remove_epn(e);
+                    let lost: Vec<u64> =
+                        r.on.iter()
+                            .filter(|(_, &x)| x == e)
+                            .map(|(&tf, _)| tf)
+                            .collect();
+                    for tf in lost {
+                        r.on.remove(&tf);
+                        r.record(tf, p.replace(tf, bytes));
+                    }
+                }
+            }
+            while let Some((tf, placed)) = p.place_next(|_| true) {
+                r.record(tf, placed);
+            }
+        }
+        r.record(t, p.issue(t, bytes));
+    }
+    (r.out, r.dropped)
+}
+
+/// What the replay placed, and where each TF is now.
+#[derive(Default)]
+struct Rec {
+    out: Vec<(u64, u32)>,
+    dropped: Vec<(u64, String)>,
+    on: std::collections::BTreeMap<u64, u32>,
+}
+
+impl Rec {
+    fn record(&mut self, tf: u64, placed: fanin_sched::Placed) {
+        match placed {
+            fanin_sched::Placed::Assigned(e) => {
+                self.out.push((tf, e));
+                self.on.insert(tf, e);
+            }
+            fanin_sched::Placed::Dropped(r) => self.dropped.push((tf, r.name().to_string())),
+            fanin_sched::Placed::Waiting => {}
+        }
+    }
+}
+
+type Placements = (Vec<(u64, u32)>, Vec<(u64, String)>);
+
+#[derive(Clone, Copy)]
+enum Event {
+    /// An EPN reports this many free bytes.
+    Load(u32, u64),
+    /// An EPN's connection closes.
+    Lost(u32),
+}
+
+#[test]
+fn the_icn_places_tfs_as_the_simulators_do_for_every_policy() {
+    let events = [
+        (5, Event::Load(1, 0)),
+        (6, Event::Load(0, 0)),
+        (7, Event::Load(2, 0)),
+        (10, Event::Lost(2)),
+        (15, Event::Load(1, 1 << 20)),
+        (20, Event::Load(0, 1 << 20)),
+    ];
+    let mut configs = Vec::new();
+    for &kind in PolicyKind::ALL {
+        configs.push(config(1, 3, |c| c.policy = kind));
+    }
+    configs.push(config(1, 3, |c| {
+        c.policy = PolicyKind::WeightedRoundRobin;
+        c.epn_weights = vec![3, 1, 2];
+    }));
+    configs.push(config(1, 3, least_loaded_wait));
+    configs.push(config(1, 3, |c| {
+        least_loaded_wait(c);
+        c.least_loaded.when_none_ready = WhenNoneReady::Drop;
+        c.least_loaded.max_building = 4;
+    }));
+    for cfg in configs {
+        let label = format!(
+            "{} {:?} {:?}",
+            cfg.policy, cfg.epn_weights, cfg.least_loaded
+        );
+        let sim = sim_placements(&cfg, &events);
+        let icn = icn_placements(cfg, &events);
+        assert!(
+            sim.0.len() + sim.1.len() >= 30,
+            "{label}: TFs unplaced: {sim:?}"
+        );
+        assert_eq!(icn, sim, "{label}");
+    }
 }
