@@ -129,140 +129,38 @@ impl RunConfig {
         self.policy_config().build()
     }
 
+    /// Checks every value; the first bad one is named in a one-line error.
     pub fn check(&self) -> anyhow::Result<Checked> {
-        if self.flps == 0 || self.flps > 100_000 {
-            return Err(field_err(
-                "flps",
-                format!("{} is not within 1..=100000", self.flps),
-            ));
-        }
-        if self.epns == 0 || self.epns > 100_000 {
-            return Err(field_err(
-                "epns",
-                format!("{} is not within 1..=100000", self.epns),
-            ));
-        }
-        if !self.rate_hz.is_finite() || self.rate_hz < 0.0 || self.rate_hz > 1e6 {
+        in_range("flps", self.flps, 1, MAX_NODES, "")?;
+        in_range("epns", self.epns, 1, MAX_NODES, "")?;
+        if !self.rate_hz.is_finite() {
             return Err(field_err(
                 "rate_hz",
-                format!(
-                    "{} is not within 0..=1000000 (0 = unthrottled)",
-                    self.rate_hz
-                ),
+                format!("{} is not a number", self.rate_hz),
             ));
         }
+        in_range("rate_hz", self.rate_hz, 0.0, 1e6, " (0 = unthrottled)")?;
         let stf_size: StfSize = self
             .stf_size
             .parse()
             .map_err(|e| field_err("stf_size", e))?;
-        if stf_size.max() > MAX_STF_BYTES {
-            return Err(field_err(
-                "stf_size",
-                format!(
-                    "largest STF {} exceeds {MAX_STF_BYTES} bytes",
-                    stf_size.max()
-                ),
-            ));
-        }
-        let flp_buffer = parse_bytes(&self.flp_buffer).map_err(|e| field_err("flp_buffer", e))?;
-        let epn_buffer = parse_bytes(&self.epn_buffer).map_err(|e| field_err("epn_buffer", e))?;
-        if flp_buffer < stf_size.max() {
-            return Err(field_err(
-                "flp_buffer",
-                format!(
-                    "{flp_buffer} bytes cannot hold the largest STF ({} bytes)",
-                    stf_size.max()
-                ),
-            ));
-        }
-        if epn_buffer < stf_size.max() {
-            return Err(field_err(
-                "epn_buffer",
-                format!(
-                    "{epn_buffer} bytes cannot hold the largest STF ({} bytes)",
-                    stf_size.max()
-                ),
-            ));
-        }
-        if self.build_timeout_ms == 0 || self.build_timeout_ms > 3_600_000 {
-            return Err(field_err(
-                "build_timeout_ms",
-                format!("{} is not within 1..=3600000", self.build_timeout_ms),
-            ));
-        }
-        if self.epn_weights.len() > MAX_NODES as usize
-            || self.epn_weights.iter().any(|&w| w == 0 || w > 1_000_000)
-        {
-            return Err(field_err(
-                "epn_weights",
-                "weights must be 1..=1000000, one per EPN",
-            ));
-        }
-        if self.least_loaded.max_building == 0 || self.least_loaded.headroom_percent > 10_000 {
-            return Err(field_err(
-                "least_loaded",
-                "max_building must be at least 1 and headroom_percent at most 10000",
-            ));
-        }
-        if self.lease_ms < 300 || self.lease_ms > 3_600_000 {
-            return Err(field_err(
-                "lease_ms",
-                format!(
-                    "{} is not within 300..=3600000 (heartbeats come every 100 ms)",
-                    self.lease_ms
-                ),
-            ));
-        }
-        if self.registry != "embedded" && self.registry != "zookeeper" {
-            crate::registry::RegistryUrl::parse(&self.registry)
-                .map_err(|e| field_err("registry", format!("{e} (or `embedded`, `zookeeper`)")))?;
-        }
-        if !(10..=60_000).contains(&self.zk_tick_ms) {
-            return Err(field_err(
-                "zk_tick_ms",
-                format!("{} is not within 10..=60000", self.zk_tick_ms),
-            ));
-        }
-        if !(100..=600_000).contains(&self.zk_session_timeout_ms) {
-            return Err(field_err(
-                "zk_session_timeout_ms",
-                format!("{} is not within 100..=600000", self.zk_session_timeout_ms),
-            ));
-        }
-        if self.max_inflight == 0 || self.max_inflight > 10_000_000 {
-            return Err(field_err("max_inflight", "must be within 1..=10000000"));
-        }
+        in_range(
+            "stf_size",
+            stf_size.max(),
+            0,
+            MAX_STF_BYTES,
+            " (bytes of the largest STF)",
+        )?;
+        let flp_buffer = self.buffer("flp_buffer", &self.flp_buffer, stf_size)?;
+        let epn_buffer = self.buffer("epn_buffer", &self.epn_buffer, stf_size)?;
+        in_range("build_timeout_ms", self.build_timeout_ms, 1, 3_600_000, "")?;
+        self.check_policy()?;
+        self.check_membership()?;
+        in_range("max_inflight", self.max_inflight, 1, 10_000_000, "")?;
         if !(self.prerun_timeout_s > 0.0 && self.prerun_timeout_s <= 3600.0) {
             return Err(field_err("prerun_timeout_s", "must be within (0, 3600]"));
         }
-        let (total_tfs, configured_duration) = match (self.tfs, self.duration_s) {
-            (Some(n), _) if n == 0 || n > 1 << 40 => {
-                return Err(field_err("tfs", "must be within 1..=2^40"))
-            }
-            (Some(n), _) if self.rate_hz > 0.0 => (
-                Some(n),
-                Some(Duration::from_secs_f64(n as f64 / self.rate_hz)),
-            ),
-            (Some(n), _) => (Some(n), None),
-            (None, Some(d)) if d.is_finite() && d > 0.0 && d <= 7.0 * 86400.0 => {
-                if self.rate_hz > 0.0 {
-                    let n = (d * self.rate_hz).round().max(1.0) as u64;
-                    (
-                        Some(n),
-                        Some(Duration::from_secs_f64(n as f64 / self.rate_hz)),
-                    )
-                } else {
-                    (None, Some(Duration::from_secs_f64(d)))
-                }
-            }
-            (None, Some(d)) => {
-                return Err(field_err(
-                    "duration_s",
-                    format!("{d} is not within (0, 604800]"),
-                ))
-            }
-            (None, None) => return Err(field_err("tfs", "set `tfs` or `duration_s`")),
-        };
+        let (total_tfs, configured_duration) = self.length()?;
         Ok(Checked {
             cfg: self.clone(),
             stf_size,
@@ -272,6 +170,108 @@ impl RunConfig {
             configured_duration,
         })
     }
+
+    /// A buffer size in bytes that holds at least the largest STF.
+    fn buffer(&self, field: &str, text: &str, size: StfSize) -> anyhow::Result<u64> {
+        let n = parse_bytes(text).map_err(|e| field_err(field, e))?;
+        if n < size.max() {
+            let msg = format!(
+                "{n} bytes cannot hold the largest STF ({} bytes)",
+                size.max()
+            );
+            return Err(field_err(field, msg));
+        }
+        Ok(n)
+    }
+
+    fn check_policy(&self) -> anyhow::Result<()> {
+        in_range(
+            "epn_weights",
+            self.epn_weights.len(),
+            0,
+            MAX_NODES as usize,
+            " (one per EPN)",
+        )?;
+        if self.epn_weights.iter().any(|&w| w == 0 || w > 1_000_000) {
+            return Err(field_err(
+                "epn_weights",
+                "weights must be 1..=1000000, one per EPN",
+            ));
+        }
+        let ll = &self.least_loaded;
+        in_range(
+            "least_loaded.max_building",
+            ll.max_building,
+            1,
+            u32::MAX,
+            "",
+        )?;
+        in_range(
+            "least_loaded.headroom_percent",
+            ll.headroom_percent,
+            0,
+            10_000,
+            "",
+        )
+    }
+
+    fn check_membership(&self) -> anyhow::Result<()> {
+        let beats = " (heartbeats come every 100 ms)";
+        in_range("lease_ms", self.lease_ms, 300, 3_600_000, beats)?;
+        if self.registry != "embedded" && self.registry != "zookeeper" {
+            crate::registry::RegistryUrl::parse(&self.registry)
+                .map_err(|e| field_err("registry", format!("{e} (or `embedded`, `zookeeper`)")))?;
+        }
+        in_range("zk_tick_ms", self.zk_tick_ms, 10, 60_000, "")?;
+        in_range(
+            "zk_session_timeout_ms",
+            self.zk_session_timeout_ms,
+            100,
+            600_000,
+            "",
+        )
+    }
+
+    /// The run's length: TFs issued (when known) and its duration (when paced).
+    fn length(&self) -> anyhow::Result<(Option<u64>, Option<Duration>)> {
+        let paced = |n: u64| Some(Duration::from_secs_f64(n as f64 / self.rate_hz));
+        match (self.tfs, self.duration_s) {
+            (Some(n), _) => {
+                in_range("tfs", n, 1, 1 << 40, "")?;
+                Ok((Some(n), if self.rate_hz > 0.0 { paced(n) } else { None }))
+            }
+            (None, Some(d)) if d.is_finite() && d > 0.0 && d <= 7.0 * 86400.0 => {
+                if self.rate_hz > 0.0 {
+                    let n = (d * self.rate_hz).round().max(1.0) as u64;
+                    Ok((Some(n), paced(n)))
+                } else {
+                    Ok((None, Some(Duration::from_secs_f64(d))))
+                }
+            }
+            (None, Some(d)) => Err(field_err(
+                "duration_s",
+                format!("{d} is not within (0, 604800]"),
+            )),
+            (None, None) => Err(field_err("tfs", "set `tfs` or `duration_s`")),
+        }
+    }
+}
+
+/// The one range check: `field` must be within `lo..=hi`; `note` explains the bound.
+pub fn in_range<T: PartialOrd + std::fmt::Display>(
+    field: &str,
+    v: T,
+    lo: T,
+    hi: T,
+    note: &str,
+) -> anyhow::Result<()> {
+    if v < lo || v > hi {
+        return Err(field_err(
+            field,
+            format!("{v} is not within {lo}..={hi}{note}"),
+        ));
+    }
+    Ok(())
 }
 
 impl Checked {
@@ -461,5 +461,49 @@ mod tests {
             c: 0
         })
         .is_err());
+    }
+}
+
+#[cfg(test)]
+mod check_tests {
+    use super::*;
+
+    fn err(f: impl FnOnce(&mut RunConfig)) -> String {
+        let mut c = RunConfig::default();
+        f(&mut c);
+        format!("{:#}", c.check().expect_err("refused"))
+    }
+
+    #[test]
+    fn the_node_bound_is_the_one_prepare_enforces() {
+        let c = RunConfig {
+            flps: MAX_NODES,
+            ..RunConfig::default()
+        };
+        c.check().expect("the bound itself is allowed");
+        let e = err(|c| c.flps = MAX_NODES + 1);
+        assert!(e.contains("`flps`") && e.contains("1..=10000"), "{e}");
+        let e = err(|c| c.epns = 0);
+        assert!(e.contains("`epns`"), "{e}");
+    }
+
+    #[test]
+    fn every_range_names_its_field() {
+        for (e, field) in [
+            (err(|c| c.rate_hz = -1.0), "rate_hz"),
+            (err(|c| c.rate_hz = f64::NAN), "rate_hz"),
+            (err(|c| c.lease_ms = 10), "lease_ms"),
+            (
+                err(|c| c.least_loaded.max_building = 0),
+                "least_loaded.max_building",
+            ),
+            (err(|c| c.max_inflight = 0), "max_inflight"),
+            (err(|c| c.flp_buffer = "1KiB".into()), "flp_buffer"),
+            (err(|c| c.tfs = Some(0)), "tfs"),
+            (err(|c| c.duration_s = Some(-1.0)), "duration_s"),
+        ] {
+            assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
     }
 }

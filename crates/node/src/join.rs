@@ -26,26 +26,24 @@ pub async fn incarnations<F, Fut>(
 ) -> anyhow::Result<()>
 where
     F: FnMut(bool) -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<()>>,
+    Fut: std::future::Future<Output = Result<(), NodeError>>,
 {
     let mut rejoins = 0;
     let mut since = tokio::time::Instant::now();
     loop {
         match once(rejoins > 0).await {
-            Err(e) if e.downcast_ref::<LostIcn>().is_some() && rejoins < MAX_REJOINS => {
+            Ok(()) => return Ok(()),
+            Err(NodeError::LostIcn(e)) if rejoins < MAX_REJOINS => {
                 rejoins += 1;
                 since = tokio::time::Instant::now();
                 metrics.error("rejoin");
-                tracing::warn!("{e:#}; joining again");
+                tracing::warn!("{e}; joining again");
             }
-            Err(e)
-                if e.downcast_ref::<IcnUnreachable>().is_some()
-                    && since.elapsed() < connect_timeout =>
-            {
-                tracing::info!("{e:#}; trying again");
+            Err(NodeError::IcnUnreachable(e)) if since.elapsed() < connect_timeout => {
+                tracing::info!("{e}; trying again");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            other => return other,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -162,15 +160,32 @@ pub async fn leave(
     Ok(())
 }
 
-/// A control connection that ended mid-run: the node may join again (same id).
+/// How one incarnation of a node ended, when it did not finish its run: what
+/// `incarnations` does next depends on which.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct LostIcn(pub String);
+pub enum NodeError {
+    /// The control connection ended mid-run: the node may join again (same id).
+    #[error("{0}")]
+    LostIcn(String),
+    /// The ICN could not be reached (yet): try again within the connect time-out.
+    #[error("{0}")]
+    IcnUnreachable(String),
+    /// Anything else ends the node.
+    #[error(transparent)]
+    Fatal(#[from] anyhow::Error),
+}
 
-/// With a registry: the elected ICN could not be reached (yet); try the registry again.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct IcnUnreachable(pub String);
+/// Errors of the node's own I/O end it.
+macro_rules! fatal_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for NodeError {
+            fn from(e: $t) -> Self {
+                NodeError::Fatal(e.into())
+            }
+        }
+    )*};
+}
+fatal_from!(std::io::Error, ConnError, mpsc::error::SendError<Message>);
 
 /// With a registry, how long one attempt to reach the elected ICN may take before the
 /// node asks the registry again (a new ICN may have been elected meanwhile).
@@ -186,20 +201,18 @@ pub fn lost_icn(
     icn: SocketAddr,
     err: Option<ConnError>,
     metrics: &Metrics,
-) -> anyhow::Error {
+) -> NodeError {
     match err {
-        None => LostIcn(format!(
+        None => NodeError::LostIcn(format!(
             "{} {me}: ICN {icn} closed the control connection mid-run",
             role.name()
-        ))
-        .into(),
+        )),
         Some(e) => {
             metrics.error(e.kind());
-            LostIcn(format!(
+            NodeError::LostIcn(format!(
                 "{} {me}: control connection to ICN {icn}: {e}",
                 role.name()
             ))
-            .into()
         }
     }
 }

@@ -9,6 +9,23 @@ pub use placement::{Placed, Placer, PolicyConfig};
 pub use policy::{Decision, DropReason, EpnLoad, Policy, PolicyKind, TfRequest};
 pub use workload::{parse_bytes, StfSize};
 
+/// A configuration value that does not parse or is out of range; the message names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
+
+impl From<String> for ParseError {
+    fn from(s: String) -> Self {
+        ParseError(s)
+    }
+}
+
+impl From<&str> for ParseError {
+    fn from(s: &str) -> Self {
+        ParseError(s.to_string())
+    }
+}
+
 /// Identifier of an EPN (event builder) as registered with the ICN.
 pub type EpnId = u32;
 /// Identifier of an FLP (sender).

@@ -102,14 +102,21 @@ impl StfSize {
 }
 
 impl std::str::FromStr for StfSize {
-    type Err = String;
+    type Err = crate::ParseError;
 
     /// Accepts `1MiB`, `uniform(1KiB,2MiB)`, `sine(MEAN,AMPLITUDE,PERIOD_TFS)`,
     /// `random(MEAN,SPREAD)`.
-    fn from_str(s: &str) -> Result<StfSize, String> {
+    fn from_str(s: &str) -> Result<StfSize, crate::ParseError> {
+        parse_size(s).map_err(crate::ParseError)
+    }
+}
+
+/// STF size model from text (see `FromStr`).
+fn parse_size(s: &str) -> Result<StfSize, String> {
+    {
         let s = s.trim();
         let Some(open) = s.find('(') else {
-            return parse_bytes(s).map(StfSize::Fixed);
+            return bytes_of(s).map(StfSize::Fixed);
         };
         let name = &s[..open];
         let args = s[open + 1..]
@@ -129,20 +136,20 @@ impl std::str::FromStr for StfSize {
         let size = match name {
             "fixed" => {
                 want(1)?;
-                StfSize::Fixed(parse_bytes(args[0])?)
+                StfSize::Fixed(bytes_of(args[0])?)
             }
             "uniform" => {
                 want(2)?;
                 StfSize::Uniform {
-                    min: parse_bytes(args[0])?,
-                    max: parse_bytes(args[1])?,
+                    min: bytes_of(args[0])?,
+                    max: bytes_of(args[1])?,
                 }
             }
             "sine" => {
                 want(3)?;
                 StfSize::Sine {
-                    mean: parse_bytes(args[0])?,
-                    amplitude: parse_bytes(args[1])?,
+                    mean: bytes_of(args[0])?,
+                    amplitude: bytes_of(args[1])?,
                     period: args[2]
                         .parse()
                         .map_err(|_| format!("sine: period {:?} is not a TF count", args[2]))?,
@@ -151,7 +158,7 @@ impl std::str::FromStr for StfSize {
             "random" => {
                 want(2)?;
                 StfSize::Random {
-                    mean: parse_bytes(args[0])?,
+                    mean: bytes_of(args[0])?,
                     spread: args[1]
                         .parse()
                         .map_err(|_| format!("random: spread {:?} is not a number", args[1]))?,
@@ -183,7 +190,11 @@ impl std::fmt::Display for StfSize {
 }
 
 /// Parses a byte count: `58750`, `58750B`, `64KiB`, `1MiB`, `2GiB`, `10kB`, `1MB`, `1GB`.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> Result<u64, crate::ParseError> {
+    bytes_of(s).map_err(crate::ParseError)
+}
+
+fn bytes_of(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -233,8 +244,9 @@ mod tests {
         assert_eq!(parse_bytes("10kB").unwrap(), 10_000);
         assert!(parse_bytes("1 parsec")
             .unwrap_err()
+            .0
             .contains("unknown unit"));
-        assert!(parse_bytes("MiB").unwrap_err().contains("not a number"));
+        assert!(parse_bytes("MiB").unwrap_err().0.contains("not a number"));
     }
 
     #[test]
@@ -254,10 +266,12 @@ mod tests {
         assert!("gauss(1,2)"
             .parse::<StfSize>()
             .unwrap_err()
+            .0
             .contains("unknown model"));
         assert!("uniform(1)"
             .parse::<StfSize>()
             .unwrap_err()
+            .0
             .contains("2 arguments"));
     }
 

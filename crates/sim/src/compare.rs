@@ -54,13 +54,13 @@ impl Latency {
 /// never fill, processing takes no time, no build time-out. Fails for what the flow
 /// model cannot express: MLCM uplinks that can be a bottleneck, delayed transmission,
 /// bioluminescence bursts, send jitter, bit errors.
-pub fn flow_twin(cfg: &SimConfig) -> Result<AliceConfig, String> {
+pub fn flow_twin(cfg: &SimConfig) -> Result<AliceConfig, crate::ConfigError> {
     let cfg = cfg.clone().resolve()?;
     if cfg.mlcm_mbps < cfg.lcms_per_sector as f64 * cfg.lcm_mbps {
         return Err(format!(
             "mlcm_mbps {} < {} LCMs x {} Mbit/s: the sector uplink can be a bottleneck, which the ALICE flow model (one non-blocking switch) has not",
             cfg.mlcm_mbps, cfg.lcms_per_sector, cfg.lcm_mbps
-        ));
+        ).into());
     }
     if cfg.k.is_some() {
         return Err("delayed transmission (`k`) has no flow-level twin".into());
@@ -170,7 +170,7 @@ impl Comparison {
 }
 
 /// Runs `cfg` on the packet-level model and its [`flow_twin`] on the flow-level model.
-pub fn compare(cfg: &SimConfig) -> Result<Comparison, String> {
+pub fn compare(cfg: &SimConfig) -> Result<Comparison, crate::ConfigError> {
     let twin = flow_twin(cfg)?;
     let w = crate::simulate(cfg.clone())?;
     let lat = slice_latencies(&w);

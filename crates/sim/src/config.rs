@@ -104,17 +104,16 @@ pub const PRESETS: &[&str] = &["antares-sector", "antares-2-string", "antares-10
 
 impl SimConfig {
     /// Applies the preset's scale, if any, and checks every value.
-    pub fn resolve(mut self) -> Result<SimConfig, String> {
+    pub fn resolve(mut self) -> Result<SimConfig, crate::ConfigError> {
         if let Some(p) = self.preset.clone() {
             let (strings, sectors) = match p.as_str() {
                 "antares-sector" => (1, 1),
                 "antares-2-string" => (2, 6),
                 "antares-10-string" => (10, 6),
                 other => {
-                    return Err(format!(
-                        "preset {other:?} is not known ({})",
-                        PRESETS.join(", ")
-                    ))
+                    return Err(
+                        format!("preset {other:?} is not known ({})", PRESETS.join(", ")).into(),
+                    )
                 }
             };
             self.strings = strings;
@@ -141,7 +140,7 @@ impl SimConfig {
         within("pc_delay_us", self.pc_delay_us, 0.0, 1e7)?;
         within("jitter_us", self.jitter_us, 0.0, 1e7)?;
         if !(0.0..1.0).contains(&self.ber) {
-            return Err(format!("`ber` must be within [0, 1), not {}", self.ber));
+            return Err(format!("`ber` must be within [0, 1), not {}", self.ber).into());
         }
         let lcms = (self.strings as u64)
             .checked_mul(self.sectors_per_string as u64)
@@ -150,13 +149,13 @@ impl SimConfig {
         if lcms == 0 || lcms > MAX_HOSTS {
             return Err(format!(
                 "`strings` x `sectors_per_string` x `lcms_per_sector` = {lcms} LCMs is not within 1..={MAX_HOSTS}"
-            ));
+            ).into());
         }
         if self.pcs.is_some_and(|p| p == 0 || p as u64 > MAX_HOSTS) {
-            return Err(format!("`pcs` must be within 1..={MAX_HOSTS}"));
+            return Err(format!("`pcs` must be within 1..={MAX_HOSTS}").into());
         }
         if self.mss < 100 || self.mss > 65_000 {
-            return Err(format!("`mss` {} is not within 100..=65000", self.mss));
+            return Err(format!("`mss` {} is not within 100..=65000", self.mss).into());
         }
         if self.queue_packets == 0 || self.queue_packets > 1_000_000 {
             return Err("`queue_packets` must be within 1..=1000000".into());
@@ -168,7 +167,7 @@ impl SimConfig {
             return Err("`fragment_bytes` must be at most 100000000".into());
         }
         if self.seed > i64::MAX as u64 {
-            return Err(format!("`seed` must be at most {}", i64::MAX));
+            return Err(format!("`seed` must be at most {}", i64::MAX).into());
         }
         if let Some(m) = &self.fragment_size {
             let size: fanin_sched::StfSize =
@@ -177,7 +176,8 @@ impl SimConfig {
                 return Err(format!(
                     "`fragment_size`: largest fragment {} is over 100 MB",
                     size.max()
-                ));
+                )
+                .into());
             }
             if self.bio != Bio::None {
                 return Err("`fragment_size` and `bio` cannot be combined".into());
@@ -190,7 +190,7 @@ impl SimConfig {
         if slices * lcms as f64 > MAX_FRAGMENTS as f64 {
             return Err(format!(
                 "{slices} slices x {lcms} LCMs is more than {MAX_FRAGMENTS} fragments (`duration_s`, `slice_ms`)"
-            ));
+            ).into());
         }
         Ok(self)
     }
@@ -246,7 +246,7 @@ mod tests {
         }
         .resolve()
         .unwrap_err();
-        assert!(e.contains("antares-11-string"));
+        assert!(e.0.contains("antares-11-string"));
         let cases: Vec<(SimConfig, &str)> = vec![
             (
                 SimConfig {
@@ -322,7 +322,7 @@ mod tests {
         ];
         for (c, field) in cases {
             let e = c.resolve().unwrap_err();
-            assert!(e.contains(field), "{e} should name {field}");
+            assert!(e.0.contains(field), "{e} should name {field}");
         }
     }
 }

@@ -19,7 +19,30 @@ pub use stats::SimSummary;
 pub use world::World;
 
 /// Runs one configuration to its end and returns the world (fragments, counters).
-pub fn simulate(cfg: SimConfig) -> Result<World, String> {
+/// A simulation that cannot run as configured; the message names the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl From<String> for ConfigError {
+    fn from(s: String) -> Self {
+        ConfigError(s)
+    }
+}
+
+impl From<&str> for ConfigError {
+    fn from(s: &str) -> Self {
+        ConfigError(s.to_string())
+    }
+}
+
+impl From<fanin_sched::ParseError> for ConfigError {
+    fn from(e: fanin_sched::ParseError) -> Self {
+        ConfigError(e.0)
+    }
+}
+
+pub fn simulate(cfg: SimConfig) -> Result<World, ConfigError> {
     let cfg = cfg.resolve()?;
     let mut w = World::new(cfg);
     w.run();

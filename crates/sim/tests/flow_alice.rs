@@ -131,5 +131,5 @@ fn one_representative_flp_gives_the_per_stf_result() {
     // Sizes that differ between FLPs cannot be aggregated.
     let mut c = small(PolicyKind::RoundRobin);
     c.stf_size = Some("uniform(1000,2000)".into());
-    assert!(run(&c).unwrap_err().contains("aggregate = false"));
+    assert!(run(&c).unwrap_err().0.contains("aggregate = false"));
 }

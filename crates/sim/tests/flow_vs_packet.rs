@@ -273,7 +273,7 @@ fn what_has_no_flow_level_twin_is_refused() {
         mlcm_mbps: 2000.0,
         ..base(4, 2)
     };
-    assert!(flow_twin(&shared).unwrap_err().contains("mlcm_mbps"));
+    assert!(flow_twin(&shared).unwrap_err().0.contains("mlcm_mbps"));
     let delayed = SimConfig {
         k: Some(4),
         ..base(4, 2)

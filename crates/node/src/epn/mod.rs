@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use fanin_proto::{Message, Role, MAX_CONTROL_BODY};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -19,7 +19,7 @@ use crate::budget::ByteBudget;
 use crate::config::check_prepare;
 use crate::conn::read_frame;
 use crate::join::{
-    incarnations, join, locate_icn, lost_icn, node_setup, AbortOnDrop, IcnUnreachable,
+    incarnations, join, locate_icn, lost_icn, node_setup, AbortOnDrop, NodeError,
     REGISTRY_CONNECT_ATTEMPT,
 };
 use crate::metrics::Metrics;
@@ -75,7 +75,7 @@ async fn run_once(
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
     rejoining: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), NodeError> {
     let metrics = metrics.clone();
     let icn = locate_icn(reg, opts.icn, opts.connect_timeout).await?;
     let listener = bind_data(opts.data_bind, rejoining).await?;
@@ -105,9 +105,9 @@ async fn run_once(
         // The registry may name a new ICN by now, or (rejoining) the ICN has not seen
         // this node's old connection close yet: let the caller try again.
         if reg.is_some() || rejoining {
-            IcnUnreachable(format!("{e:#}")).into()
+            NodeError::IcnUnreachable(format!("{e:#}"))
         } else {
-            e
+            NodeError::Fatal(e)
         }
     })?;
     let me = joined.me;
@@ -127,7 +127,11 @@ async fn run_once(
             Some(other) => {
                 tracing::warn!("EPN {me}: ignoring {:?} before Prepare", other.msg_type())
             }
-            None => bail!("ICN {icn} closed the connection before the run"),
+            None => {
+                return Err(
+                    anyhow::anyhow!("ICN {icn} closed the connection before the run").into(),
+                )
+            }
         }
     };
     let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
@@ -178,7 +182,7 @@ async fn run_once(
                 if stop {
                     let _ = (&mut build_task.0).await;
                     drop(acceptor);
-                    return joined.leave(Role::Epn, &metrics).await;
+                    return Ok(joined.leave(Role::Epn, &metrics).await?);
                 }
             }
             Ok(None) => return Err(lost_icn(Role::Epn, me, icn, None, &metrics)),

@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 use crate::config::check_prepare;
 use crate::conn::{read_frame, ConnError};
 use crate::join::{
-    incarnations, join, leave, locate_icn, lost_icn, node_setup, AbortOnDrop, IcnUnreachable,
-    Joined, LostIcn, REGISTRY_CONNECT_ATTEMPT,
+    incarnations, join, leave, locate_icn, lost_icn, node_setup, AbortOnDrop, Joined, NodeError,
+    REGISTRY_CONNECT_ATTEMPT,
 };
 use crate::metrics::Metrics;
 use crate::registry::{self, runtime::RegistryOpts, ZkRegistry};
@@ -67,7 +67,7 @@ async fn run_once(
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
     rejoining: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), NodeError> {
     let icn = locate_icn(reg, opts.icn, opts.connect_timeout).await?;
     let attempt = if reg.is_some() {
         REGISTRY_CONNECT_ATTEMPT.min(opts.connect_timeout)
@@ -82,9 +82,9 @@ async fn run_once(
         // The registry may name a new ICN by now, or (rejoining) the ICN has not seen
         // this node's old connection close yet: let the caller try again.
         if reg.is_some() || rejoining {
-            IcnUnreachable(format!("{e:#}")).into()
+            NodeError::IcnUnreachable(format!("{e:#}"))
         } else {
-            e
+            NodeError::Fatal(e)
         }
     })?;
     let me = joined.me;
@@ -122,13 +122,13 @@ async fn run_once(
     };
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
-        let stream = shell.connect(e).await.map_err(|err| -> anyhow::Error {
+        let stream = shell.connect(e).await.map_err(|err| {
             if rejoining {
                 // Mid-run the EPN may be dying (or still holding our old connection):
                 // leave, and join again.
-                LostIcn(format!("FLP {me}: rejoining: {err:#}")).into()
+                NodeError::LostIcn(format!("FLP {me}: rejoining: {err:#}"))
             } else {
-                err
+                NodeError::Fatal(err)
             }
         })?;
         shell.start_sender(e.epn_id, stream);
@@ -210,7 +210,7 @@ impl Shell {
         mut done: mpsc::Receiver<(StfJob, bool)>,
         icn: SocketAddr,
         metrics: &Arc<Metrics>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), NodeError> {
         let me = self.ctx.me;
         // Control frames arrive through a reader task, so the loop can also wait for
         // sends, connections and heartbeats (reading a frame is not cancel-safe).
@@ -263,7 +263,7 @@ impl Shell {
                         tracing::info!("FLP {me}: run stopping; flushing send queues");
                         self.flush().await;
                         drop(reader);
-                        return leave(ctl, writer, me, Role::Flp, metrics).await;
+                        return Ok(leave(ctl, writer, me, Role::Flp, metrics).await?);
                     }
                 }
             }

@@ -27,12 +27,12 @@ impl WhenNoneReady {
 }
 
 impl std::str::FromStr for WhenNoneReady {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::ParseError;
+    fn from_str(s: &str) -> Result<Self, crate::ParseError> {
         match s {
             "wait" => Ok(WhenNoneReady::Wait),
             "drop" => Ok(WhenNoneReady::Drop),
-            _ => Err(format!("unknown when-none-ready {s:?} (known: wait, drop)")),
+            _ => Err(format!("unknown when-none-ready {s:?} (known: wait, drop)").into()),
         }
     }
 }

@@ -204,15 +204,15 @@ impl PolicyKind {
 }
 
 impl std::str::FromStr for PolicyKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::ParseError;
+    fn from_str(s: &str) -> Result<Self, crate::ParseError> {
         PolicyKind::ALL
             .iter()
             .copied()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
                 let names: Vec<_> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown policy {s:?} (known: {})", names.join(", "))
+                format!("unknown policy {s:?} (known: {})", names.join(", ")).into()
             })
     }
 }
@@ -253,8 +253,8 @@ mod tests {
             assert_eq!(from_serde(p.name()), *p);
         }
         let e = "fastest".parse::<PolicyKind>().unwrap_err();
-        assert!(e.contains("round-robin"), "{e}");
-        assert!(e.contains("least-loaded"), "{e}");
+        assert!(e.0.contains("round-robin"), "{e}");
+        assert!(e.0.contains("least-loaded"), "{e}");
     }
 
     /// Deserialises a policy name through serde (a plain string deserializer, so the

@@ -98,7 +98,7 @@ struct Stf {
     polled: f64,
 }
 
-pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, String> {
+pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, crate::ConfigError> {
     if cfg.k < 2 || cfg.k & 1 == 1 || cfg.k > 64 || cfg.hosts_per_edge == 0 {
         return Err("k: even, 2 to 64; hosts_per_edge at least 1".into());
     }
@@ -110,7 +110,7 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, String> {
         ("hedera_interval_s", cfg.hedera_interval_s),
     ] {
         if !(v.is_finite() && v > 0.0) {
-            return Err(format!("{n} = {v}: must be positive"));
+            return Err(format!("{n} = {v}: must be positive").into());
         }
     }
     let duration_ok = cfg.duration_s.is_finite()

@@ -31,8 +31,8 @@ pub enum Pattern {
 }
 
 impl std::str::FromStr for Pattern {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = crate::ConfigError;
+    fn from_str(s: &str) -> Result<Self, crate::ConfigError> {
         let s = s.trim();
         if s == "random" {
             return Ok(Pattern::Random);
@@ -42,9 +42,9 @@ impl std::str::FromStr for Pattern {
                 .trim()
                 .parse()
                 .map(Pattern::Stride)
-                .map_err(|_| format!("pattern {s:?}: stride(i) needs a whole number"));
+                .map_err(|_| format!("pattern {s:?}: stride(i) needs a whole number").into());
         }
-        Err(format!("pattern {s:?}: random or stride(i)"))
+        Err(format!("pattern {s:?}: random or stride(i)").into())
     }
 }
 
@@ -121,9 +121,9 @@ impl Default for FabricConfig {
 
 impl FabricConfig {
     /// Checks every value, naming the field at fault.
-    pub fn check(&self) -> Result<Pattern, String> {
+    pub fn check(&self) -> Result<Pattern, crate::ConfigError> {
         if self.k < 2 || self.k & 1 == 1 || self.k > 64 {
-            return Err(format!("k = {}: an even number from 2 to 64", self.k));
+            return Err(format!("k = {}: an even number from 2 to 64", self.k).into());
         }
         if self.hosts_per_edge == 0 || self.hosts_per_edge > 1000 {
             return Err("hosts_per_edge: 1 to 1000".into());
@@ -136,7 +136,7 @@ impl FabricConfig {
             ("rate_min_pps", self.rate_min_pps),
         ] {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{name} = {v}: must be positive"));
+                return Err(format!("{name} = {v}: must be positive").into());
             }
         }
         for (name, v) in [
@@ -147,7 +147,7 @@ impl FabricConfig {
             ("elephant_frac", self.elephant_frac),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{name} = {v}: must be zero or positive"));
+                return Err(format!("{name} = {v}: must be zero or positive").into());
             }
         }
         if self.start_spread_s > self.tail_s {
@@ -165,9 +165,7 @@ impl FabricConfig {
         if let Pattern::Stride(i) = p {
             let hosts = self.k * self.k / 2 * self.hosts_per_edge;
             if i % hosts == 0 {
-                return Err(format!(
-                    "pattern stride({i}): hosts would send to themselves"
-                ));
+                return Err(format!("pattern stride({i}): hosts would send to themselves").into());
             }
         }
         Ok(p)
@@ -232,7 +230,7 @@ fn secs(v: f64) -> Time {
 }
 
 /// Runs one fat-tree scenario.
-pub fn run(cfg: &FabricConfig) -> Result<FabricRun, String> {
+pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
     let pattern = cfg.check()?;
     let mut net = Fluid::new();
     let tree = FatTree::build(

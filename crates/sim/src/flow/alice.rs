@@ -118,7 +118,7 @@ pub enum Proc {
     Exp(f64),
 }
 
-fn parse_proc(s: &str) -> Result<Proc, String> {
+fn parse_proc(s: &str) -> Result<Proc, crate::ConfigError> {
     let s = s.trim();
     let args = |name: &str| -> Option<Vec<f64>> {
         let inner = s.strip_prefix(name)?.strip_prefix('(')?.strip_suffix(')')?;
@@ -139,17 +139,17 @@ fn parse_proc(s: &str) -> Result<Proc, String> {
             return Ok(Proc::Exp(v[0]));
         }
     }
-    Err(bad())
+    Err(bad().into())
 }
 
 impl AliceConfig {
-    pub fn scale(&self) -> Result<Scale, String> {
+    pub fn scale(&self) -> Result<Scale, crate::ConfigError> {
         let (f, e, g, r) = match self.preset.as_deref() {
             Some("alice-2016") | None => (268, 1500, 20.0, 88.0),
             // Seed 000 §1.1: 250 FLPs with 4 x 10 Gbit, 1750 EPNs with 10 Gbit. It gives no
             // TF rate or FLP output: the 2016 figures are kept (20 Gb/s, 88 TFs/s).
             Some("alice-tdr") => (250, 1750, 20.0, 88.0),
-            Some(p) => return Err(format!("preset {p:?}: alice-2016 or alice-tdr")),
+            Some(p) => return Err(format!("preset {p:?}: alice-2016 or alice-tdr").into()),
         };
         let s = Scale {
             flps: self.flps.unwrap_or(f),
@@ -169,14 +169,14 @@ impl AliceConfig {
             ("epn_nic_gbps", s.epn_nic_gbps),
         ] {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{n} = {v}: must be positive"));
+                return Err(format!("{n} = {v}: must be positive").into());
             }
         }
         Ok(s)
     }
 
     /// Checks every value, naming the field at fault.
-    pub fn check(&self) -> Result<(Scale, StfSize, Proc), String> {
+    pub fn check(&self) -> Result<(Scale, StfSize, Proc), crate::ConfigError> {
         let s = self.scale()?;
         let size = match &self.stf_size {
             Some(m) => m.parse::<StfSize>().map_err(|e| format!("stf_size: {e}"))?,
@@ -195,7 +195,7 @@ impl AliceConfig {
             ("recompute_ms", self.recompute_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{n} = {v}: must be zero or positive"));
+                return Err(format!("{n} = {v}: must be zero or positive").into());
             }
         }
         if self.duration_s * s.tf_rate_hz > 1e7 {
@@ -361,7 +361,7 @@ impl Sim<'_> {
 
     /// Places waiting TFs, oldest first, while the policy assigns or drops them; TFs
     /// that waited past the build time-out are dropped (`wait_timeout`).
-    fn place_waiting(&mut self, now: Time) -> Result<(), String> {
+    fn place_waiting(&mut self, now: Time) -> Result<(), crate::ConfigError> {
         let timeout = secs(self.cfg.build_timeout_s);
         loop {
             let tfs = &mut self.tfs;
@@ -385,7 +385,7 @@ impl Sim<'_> {
     }
 
     /// Starts the STF transfers of TF `n` to EPN `e`, or drops it if `e` cannot hold it.
-    fn start_tf(&mut self, n: u64, e: u32, now: Time) -> Result<(), String> {
+    fn start_tf(&mut self, n: u64, e: u32, now: Time) -> Result<(), crate::ConfigError> {
         let sizes = std::mem::take(&mut self.tfs[n as usize].sizes);
         let bytes = self.tfs[n as usize].bytes;
         self.tfs[n as usize].epn = e;
@@ -398,9 +398,9 @@ impl Sim<'_> {
         ep.set(now, used);
         ep.receiving += 1;
         if self.agg && sizes.iter().any(|&b| b != sizes[0]) {
-            return Err(format!(
-                "TF {n}: STF sizes differ between FLPs; set aggregate = false"
-            ));
+            return Err(
+                format!("TF {n}: STF sizes differ between FLPs; set aggregate = false").into(),
+            );
         }
         let senders = if self.agg { &sizes[..1] } else { &sizes[..] };
         let mut flows = Vec::with_capacity(senders.len());
@@ -492,7 +492,7 @@ impl Sim<'_> {
 }
 
 /// Runs one configuration with its policy.
-pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, String> {
+pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
     let (scale, size, proc) = cfg.check()?;
     let mut net = Fluid::new();
     let agg = cfg.aggregate;
