@@ -187,9 +187,9 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             };
             a.overrides.apply(&mut cfg);
             let run = cfg.check()?;
-            let url = a.registry.clone().or_else(|| {
-                (cfg.registry != "embedded" && cfg.registry != "zookeeper")
-                    .then(|| cfg.registry.clone())
+            let url = a.registry.clone().or_else(|| match &cfg.registry {
+                fanin_node::config::Registry::Url(u) => Some(u.clone()),
+                _ => None,
             });
             let registry = match url {
                 Some(u) => Some(RegistryOpts::parse(

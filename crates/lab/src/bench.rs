@@ -258,8 +258,8 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
                 // Measure the transport, not time-outs: a generous build time-out.
                 build_timeout_ms: 10_000,
                 max_inflight: 16 * epns as u64,
-                flp_buffer: "1GiB".into(),
-                epn_buffer: "2GiB".into(),
+                flp_buffer: fanin_node::config::ByteSize(1 << 30),
+                epn_buffer: fanin_node::config::ByteSize(2 << 30),
                 ..RunConfig::default()
             };
             let dir = root.join(format!("{flps}x{epns}-r{}", r + 1));

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
+use fanin_node::config::Registry;
 use fanin_node::Summary;
 use serde::Deserialize;
 use tokio::process::Child;
@@ -63,9 +64,9 @@ impl Fault {
         }
     }
 
-    pub fn check(&self, flps: u32, epns: u32, registry: &str) -> anyhow::Result<()> {
+    pub fn check(&self, flps: u32, epns: u32, registry: &Registry) -> anyhow::Result<()> {
         let name = self.node_name(flps, epns)?;
-        if name == "ICN" && registry == "embedded" {
+        if name == "ICN" && *registry == Registry::Embedded {
             bail!("fault icn: the ICN fails over to a standby ICN, which needs a ZooKeeper registry (registry = \"zookeeper\")");
         }
         let secs = |v: Option<f64>, f: &str| -> anyhow::Result<()> {
@@ -386,27 +387,33 @@ mod tests {
         assert_eq!(f("epn 2", Action::Kill).node_name(2, 3).unwrap(), "EPN 2");
         assert_eq!(f("FLP 1", Action::Stop).node_name(2, 3).unwrap(), "FLP 1");
         let e = f("epn 3", Action::Kill)
-            .check(2, 3, "embedded")
+            .check(2, 3, &Registry::Embedded)
             .unwrap_err();
         assert!(e.to_string().contains("EPNs 0..3"), "{e}");
-        assert!(f("icn", Action::Kill).check(2, 3, "embedded").is_err());
-        assert!(f("icn", Action::Kill).check(2, 3, "zookeeper").is_ok());
-        assert!(f("epn", Action::Kill).check(2, 3, "embedded").is_err());
+        assert!(f("icn", Action::Kill)
+            .check(2, 3, &Registry::Embedded)
+            .is_err());
+        assert!(f("icn", Action::Kill)
+            .check(2, 3, &Registry::ZooKeeper)
+            .is_ok());
+        assert!(f("epn", Action::Kill)
+            .check(2, 3, &Registry::Embedded)
+            .is_err());
         let mut g = f("flp 0", Action::Goat);
         g.after_tfs = Some(5);
         assert!(g
-            .check(2, 3, "embedded")
+            .check(2, 3, &Registry::Embedded)
             .unwrap_err()
             .to_string()
             .contains("goat is an EPN"));
         let mut k = f("epn 0", Action::Kill);
         k.at_s = None;
         assert!(k
-            .check(2, 3, "embedded")
+            .check(2, 3, &Registry::Embedded)
             .unwrap_err()
             .to_string()
             .contains("needs at_s"));
         k.at_s = Some(-1.0);
-        assert!(k.check(2, 3, "embedded").is_err());
+        assert!(k.check(2, 3, &Registry::Embedded).is_err());
     }
 }

@@ -36,9 +36,9 @@ pub struct RunConfig {
     pub crc: bool,
     /// FLP send buffer limit: bytes of STFs queued for the network and, with `reassign`,
     /// kept until their TF ends.
-    pub flp_buffer: String,
+    pub flp_buffer: ByteSize,
     /// EPN build buffer limit (bytes of STFs held for TFs being built).
-    pub epn_buffer: String,
+    pub epn_buffer: ByteSize,
     /// TFs the ICN lets be in flight at once; over it: wait (unthrottled) or drop (paced).
     pub max_inflight: u64,
     /// Zero TF loss on an EPN crash: FLPs keep each STF (within `flp_buffer`) until its
@@ -49,7 +49,7 @@ pub struct RunConfig {
     pub lease_ms: u64,
     /// Membership registry: `embedded` (the ICN, with leases), `zookeeper` (`fanin run`
     /// starts a private ZooKeeper server for the run), or `zk://HOST:PORT/PATH`.
-    pub registry: String,
+    pub registry: Registry,
     /// tickTime of the ZooKeeper server `fanin run` starts (`registry = "zookeeper"`).
     pub zk_tick_ms: u64,
     /// Session time-out every node asks ZooKeeper for (the server bounds it to
@@ -77,12 +77,12 @@ impl Default for RunConfig {
             least_loaded: LeastLoadedConfig::default(),
             build_timeout_ms: 1000,
             crc: true,
-            flp_buffer: "256MiB".into(),
-            epn_buffer: "1GiB".into(),
+            flp_buffer: ByteSize(256 << 20),
+            epn_buffer: ByteSize(1 << 30),
             max_inflight: 10_000,
             reassign: true,
             lease_ms: 1000,
-            registry: "embedded".into(),
+            registry: Registry::Embedded,
             zk_tick_ms: 200,
             zk_session_timeout_ms: 2000,
             seed: 1,
@@ -151,8 +151,8 @@ impl RunConfig {
             MAX_STF_BYTES,
             " (bytes of the largest STF)",
         )?;
-        let flp_buffer = self.buffer("flp_buffer", &self.flp_buffer, stf_size)?;
-        let epn_buffer = self.buffer("epn_buffer", &self.epn_buffer, stf_size)?;
+        let flp_buffer = buffer("flp_buffer", self.flp_buffer, stf_size)?;
+        let epn_buffer = buffer("epn_buffer", self.epn_buffer, stf_size)?;
         in_range("build_timeout_ms", self.build_timeout_ms, 1, 3_600_000, "")?;
         self.check_policy()?;
         self.check_membership()?;
@@ -169,19 +169,6 @@ impl RunConfig {
             total_tfs,
             configured_duration,
         })
-    }
-
-    /// A buffer size in bytes that holds at least the largest STF.
-    fn buffer(&self, field: &str, text: &str, size: StfSize) -> anyhow::Result<u64> {
-        let n = parse_bytes(text).map_err(|e| field_err(field, e))?;
-        if n < size.max() {
-            let msg = format!(
-                "{n} bytes cannot hold the largest STF ({} bytes)",
-                size.max()
-            );
-            return Err(field_err(field, msg));
-        }
-        Ok(n)
     }
 
     fn check_policy(&self) -> anyhow::Result<()> {
@@ -218,9 +205,8 @@ impl RunConfig {
     fn check_membership(&self) -> anyhow::Result<()> {
         let beats = " (heartbeats come every 100 ms)";
         in_range("lease_ms", self.lease_ms, 300, 3_600_000, beats)?;
-        if self.registry != "embedded" && self.registry != "zookeeper" {
-            crate::registry::RegistryUrl::parse(&self.registry)
-                .map_err(|e| field_err("registry", format!("{e} (or `embedded`, `zookeeper`)")))?;
+        if let Registry::Url(u) = &self.registry {
+            Registry::parse(u).map_err(|e| field_err("registry", e))?;
         }
         in_range("zk_tick_ms", self.zk_tick_ms, 10, 60_000, "")?;
         in_range(
@@ -254,6 +240,116 @@ impl RunConfig {
             )),
             (None, None) => Err(field_err("tfs", "set `tfs` or `duration_s`")),
         }
+    }
+}
+
+/// A buffer size in bytes that holds at least the largest STF.
+fn buffer(field: &str, b: ByteSize, size: StfSize) -> anyhow::Result<u64> {
+    if b.0 < size.max() {
+        let msg = format!(
+            "{} bytes cannot hold the largest STF ({} bytes)",
+            b.0,
+            size.max()
+        );
+        return Err(field_err(field, msg));
+    }
+    Ok(b.0)
+}
+
+/// Where a run's membership lives: the ICN itself (leases), a private ZooKeeper that
+/// `fanin run` starts, or a ZooKeeper at `zk://HOST:PORT/PATH`. Written as that string.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Registry {
+    Embedded,
+    ZooKeeper,
+    Url(String),
+}
+
+impl Registry {
+    /// `embedded`, `zookeeper`, or a URL the ZooKeeper client accepts.
+    pub fn parse(s: &str) -> anyhow::Result<Registry> {
+        match s {
+            "embedded" => Ok(Registry::Embedded),
+            "zookeeper" => Ok(Registry::ZooKeeper),
+            url => {
+                crate::registry::RegistryUrl::parse(url)
+                    .map_err(|e| anyhow::anyhow!("{e} (or `embedded`, `zookeeper`)"))?;
+                Ok(Registry::Url(url.to_string()))
+            }
+        }
+    }
+}
+
+impl TryFrom<String> for Registry {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        Registry::parse(&s).map_err(|e| format!("{e:#}"))
+    }
+}
+
+impl From<Registry> for String {
+    fn from(r: Registry) -> String {
+        r.to_string()
+    }
+}
+
+impl std::fmt::Display for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Registry::Embedded => f.write_str("embedded"),
+            Registry::ZooKeeper => f.write_str("zookeeper"),
+            Registry::Url(u) => f.write_str(u),
+        }
+    }
+}
+
+/// A byte count, written as a number or with a unit (`256MiB`, `1.5 GB`); parsed once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "ByteText", into = "String")]
+pub struct ByteSize(pub u64);
+
+/// A byte count as TOML holds it.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ByteText {
+    Number(u64),
+    Text(String),
+}
+
+impl TryFrom<ByteText> for ByteSize {
+    type Error = String;
+    fn try_from(t: ByteText) -> Result<Self, String> {
+        match t {
+            ByteText::Number(n) => Ok(ByteSize(n)),
+            ByteText::Text(s) => parse_bytes(&s).map(ByteSize).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = fanin_sched::ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_bytes(s).map(ByteSize)
+    }
+}
+
+impl From<ByteSize> for String {
+    fn from(b: ByteSize) -> String {
+        b.to_string()
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    /// The largest binary unit that divides the count exactly (parses back the same).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0;
+        for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+            if n != 0 && n.is_multiple_of(1 << shift) {
+                return write!(f, "{}{unit}", n >> shift);
+            }
+        }
+        write!(f, "{n}")
     }
 }
 
@@ -406,7 +502,7 @@ mod tests {
             ),
             (
                 RunConfig {
-                    epn_buffer: "1 XB".into(),
+                    epn_buffer: ByteSize(1),
                     ..Default::default()
                 },
                 "`epn_buffer`",
@@ -498,12 +594,42 @@ mod check_tests {
                 "least_loaded.max_building",
             ),
             (err(|c| c.max_inflight = 0), "max_inflight"),
-            (err(|c| c.flp_buffer = "1KiB".into()), "flp_buffer"),
+            (err(|c| c.flp_buffer = ByteSize(1024)), "flp_buffer"),
             (err(|c| c.tfs = Some(0)), "tfs"),
             (err(|c| c.duration_s = Some(-1.0)), "duration_s"),
         ] {
             assert!(e.contains(&format!("`{field}`")), "{field}: {e}");
             assert_eq!(e.lines().count(), 1, "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_read_as_numbers_or_with_units_and_print_back() {
+        let c: RunConfig = toml::from_str("flp_buffer = 1048576\nepn_buffer = \"2GiB\"").unwrap();
+        assert_eq!(
+            (c.flp_buffer, c.epn_buffer),
+            (ByteSize(1 << 20), ByteSize(2 << 30))
+        );
+        assert_eq!(ByteSize(3 << 20).to_string(), "3MiB");
+        assert_eq!(ByteSize(1000).to_string(), "1000");
+        let back: RunConfig = toml::from_str(&toml::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        let e = toml::from_str::<RunConfig>("epn_buffer = \"1 XB\"").unwrap_err();
+        assert!(e.to_string().contains("unknown unit"), "{e}");
+    }
+
+    #[test]
+    fn registries_are_known_when_read() {
+        let c: RunConfig = toml::from_str("registry = \"zookeeper\"").unwrap();
+        assert_eq!(c.registry, Registry::ZooKeeper);
+        let c: RunConfig = toml::from_str("registry = \"zk://127.0.0.1:2181/x\"").unwrap();
+        assert_eq!(c.registry.to_string(), "zk://127.0.0.1:2181/x");
+        let e = toml::from_str::<RunConfig>("registry = \"etcd\"").unwrap_err();
+        assert!(e.to_string().contains("embedded"), "{e}");
     }
 }

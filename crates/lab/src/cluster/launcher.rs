@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use fanin_node::config::Registry;
 use fanin_node::registry::zk_server::{ZkServer, ZkServerOptions};
 use fanin_node::RunConfig;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -108,9 +109,9 @@ impl<'a> Launcher<'a> {
     /// the configured tickTime, for this run only (stopped when the returned value drops).
     pub fn start_registry(&mut self) -> anyhow::Result<Option<ZkServer>> {
         let cfg = self.cfg;
-        let (server, url) = match cfg.registry.as_str() {
-            "embedded" => return Ok(None),
-            "zookeeper" => {
+        let (server, url) = match &cfg.registry {
+            Registry::Embedded => return Ok(None),
+            Registry::ZooKeeper => {
                 // On a testbed the server runs on the ICN's host, on its control network
                 // (the TDR ran ZooKeeper beside the ICN).
                 let (netns, bind) = match self.net {
@@ -134,7 +135,7 @@ impl<'a> Launcher<'a> {
                 let url = server.url("/fanin");
                 (Some(server), url)
             }
-            url => (
+            Registry::Url(url) => (
                 None,
                 format!("{}/{}", url.trim_end_matches('/'), clock_run_id()),
             ),
@@ -268,7 +269,7 @@ impl<'a> Launcher<'a> {
         a.extend(["--id".into(), i.to_string()]);
         a.extend(["--data-bind".into(), format!("{data}:0")]);
         a.extend(["--metrics".into(), "127.0.0.1:0".into()]);
-        a.extend(["--build-buffer".into(), self.cfg.epn_buffer.clone()]);
+        a.extend(["--build-buffer".into(), self.cfg.epn_buffer.to_string()]);
         if let Some(ctl) = ctl {
             a.extend(["--control-bind".into(), ctl]);
         }
@@ -281,7 +282,7 @@ impl<'a> Launcher<'a> {
         let mut a: Vec<String> = vec!["flp".into(), "--icn".into(), control.into()];
         a.extend(["--id".into(), i.to_string()]);
         a.extend(["--metrics".into(), "127.0.0.1:0".into()]);
-        a.extend(["--send-buffer".into(), self.cfg.flp_buffer.clone()]);
+        a.extend(["--send-buffer".into(), self.cfg.flp_buffer.to_string()]);
         if self.net.is_some() {
             a.extend(["--data-bind".into(), data]);
         }
