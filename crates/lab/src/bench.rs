@@ -308,10 +308,5 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    fanin_report::median(&v)
 }

@@ -125,10 +125,7 @@ async fn sleep_until_unix(t_us: u64) {
 }
 
 fn signal(child: &Child, sig: i32) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(pid as i32, sig) };
-    }
+    crate::process::signal_child(child, sig);
 }
 
 /// Faults being injected: what happened so far, and the tasks still at work.
@@ -261,7 +258,7 @@ pub struct FaultResult {
 pub fn results(inj: &[Injected], s: &Summary, dir: &Path) -> Vec<FaultResult> {
     let start = s.run_start_unix_us;
     let rel = |us: u64| (us as f64 - start as f64) / 1e6;
-    let rows = read_tfs(dir);
+    let rows = fanin_node::icn::summary::TfCsv::read(dir);
     inj.iter()
         .map(|i| {
             let at = i.at_unix_us.map(rel);
@@ -301,33 +298,6 @@ pub fn results(inj: &[Injected], s: &Summary, dir: &Path) -> Vec<FaultResult> {
                 policy_us: lost.map(|e| e.policy_us),
                 outage_tfs,
             }
-        })
-        .collect()
-}
-
-/// TFs of a `tfs.csv` by status.
-pub fn tf_status_counts(path: &Path) -> BTreeMap<String, u64> {
-    let mut m = BTreeMap::new();
-    if let Ok(t) = std::fs::read_to_string(path) {
-        for l in t.lines().skip(1) {
-            if let Some(st) = l.split(',').nth(5) {
-                *m.entry(st.to_string()).or_default() += 1;
-            }
-        }
-    }
-    m
-}
-
-/// (issue time in s, status) of every TF in `tfs.csv`.
-fn read_tfs(dir: &Path) -> Vec<(f64, String)> {
-    let Ok(t) = std::fs::read_to_string(dir.join("tfs.csv")) else {
-        return Vec::new();
-    };
-    t.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            Some((f.get(2)?.parse().ok()?, f.get(5)?.to_string()))
         })
         .collect()
 }

@@ -9,6 +9,7 @@ pub mod faults;
 pub mod orchestrate;
 pub mod overrides;
 pub mod plot;
+pub mod process;
 pub mod table;
 pub mod testbed;
 

@@ -31,12 +31,7 @@ impl Latency {
     /// Statistics of the latencies of complete TFs.
     pub fn of(mut v: Vec<f64>, incomplete: u64) -> Latency {
         v.sort_by(f64::total_cmp);
-        let pct = |q: f64| -> f64 {
-            if v.is_empty() {
-                return 0.0;
-            }
-            v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
-        };
+        let pct = |q: f64| fanin_report::percentile(&v, q).unwrap_or(0.0);
         Latency {
             complete: v.len() as u64,
             incomplete,

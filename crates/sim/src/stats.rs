@@ -75,14 +75,7 @@ impl SimSummary {
         } else {
             delays.iter().map(|&d| secs(d)).sum::<f64>() / delays.len() as f64
         };
-        let pct = |q: f64| {
-            if delays.is_empty() {
-                0.0
-            } else {
-                let i = ((q * delays.len() as f64).ceil() as usize).clamp(1, delays.len()) - 1;
-                secs(delays[i])
-            }
-        };
+        let pct = |q: f64| fanin_report::percentile(&delays, q).map_or(0.0, secs);
         let (segs, retx, timeouts) = w.tcp_segments();
         let complete = slice_ok.iter().filter(|&&ok| ok).count() as u64;
         let incomplete = slice_ok.iter().filter(|&&ok| !ok).count() as u64;

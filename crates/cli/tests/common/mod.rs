@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use fanin_lab::cluster::IcnLine;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -127,20 +128,17 @@ pub fn start_icn_with(dir: &Path, toml: &str, control: &str, extra: &[&str]) -> 
     let out = proc.child.stdout.take().unwrap();
     let mut lines = BufReader::new(out).lines();
     let first = lines.next().expect("ICN printed nothing").unwrap();
-    let mut control = None;
-    let mut metrics = None;
-    for f in first.split_whitespace() {
-        if let Some(v) = f.strip_prefix("control=") {
-            control = Some(v.parse().unwrap());
-        }
-        if let Some(v) = f.strip_prefix("metrics=") {
-            metrics = Some(v.parse().unwrap());
-        }
-    }
+    let IcnLine::Listening {
+        control,
+        metrics: Some(metrics),
+    } = IcnLine::parse(&first)
+    else {
+        panic!("no control and metrics address in {first:?}")
+    };
     Icn {
         proc,
-        control: control.unwrap_or_else(|| panic!("no control address in {first:?}")),
-        metrics: metrics.unwrap(),
+        control: control.parse().unwrap(),
+        metrics: metrics.parse().unwrap(),
         lines,
         results,
     }
@@ -150,10 +148,10 @@ impl Icn {
     /// Reads PROGRESS lines until `issued >= n`.
     pub fn wait_issued(&mut self, n: u64) {
         for line in self.lines.by_ref() {
-            let line = line.unwrap();
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() == 4 && f[0] == "PROGRESS" && f[1].parse::<u64>().unwrap() >= n {
-                return;
+            if let IcnLine::Progress { issued, .. } = IcnLine::parse(&line.unwrap()) {
+                if issued >= n {
+                    return;
+                }
             }
         }
         panic!("ICN ended before issuing {n} TFs");

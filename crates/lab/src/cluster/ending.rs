@@ -70,10 +70,7 @@ pub(super) async fn reap_nodes(nodes: &Nodes, injected: &[Injected], prefix: &st
 
 /// Kills a node left frozen or dead by a fault (SIGCONT first, so it can die).
 async fn signal_kill(child: &mut Child) {
-    if let Some(pid) = child.id() {
-        // SAFETY: kill has no memory-safety preconditions.
-        unsafe { libc::kill(pid as i32, libc::SIGCONT) };
-    }
+    crate::process::signal_child(child, libc::SIGCONT);
     let _ = child.kill().await;
 }
 
@@ -132,7 +129,7 @@ fn takeover_event(
         // Its TFs are in the event line: they are the failed ICN's, not the outage's.
         r.outage_tfs.clear();
     }
-    let before = faults::tf_status_counts(&dir.join("tfs.csv"));
+    let before = fanin_node::icn::summary::TfCsv::status_counts(dir);
     let ended: u64 = before.values().sum();
     let ms = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or("?".into());
     format!(

@@ -111,7 +111,7 @@ pub fn distribution(v: &[f64]) -> String {
     let mut t = format!(
         "min {:.2}  median {:.2}  mean {:.2}  max {:.2} Mbit/s\n",
         s[0],
-        median_sorted(&s),
+        fanin_report::median(&s),
         mean,
         s[s.len() - 1]
     );
@@ -127,15 +127,6 @@ pub fn distribution(v: &[f64]) -> String {
         t += &format!("  {b:>5} Mbit/s: {:<3} {}\n", n, "#".repeat(n.min(60)));
     }
     t
-}
-
-pub fn median_sorted(s: &[f64]) -> f64 {
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
 }
 
 #[cfg(test)]

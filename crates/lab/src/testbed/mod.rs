@@ -224,10 +224,9 @@ pub fn down(name: &str) -> anyhow::Result<usize> {
         if let Ok(pids) = sh(&["ip".into(), "netns".into(), "pids".into(), ns.clone()]) {
             for pid in pids
                 .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
+                .filter_map(|p| p.parse::<u32>().ok())
             {
-                // SAFETY: kill has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                crate::process::signal(pid, libc::SIGKILL);
             }
         }
         sh(&["ip".into(), "netns".into(), "del".into(), ns.clone()])?;

@@ -300,6 +300,30 @@ impl TfCsv {
     pub fn finish(mut self) -> std::io::Result<()> {
         self.out.flush()
     }
+
+    /// (issue time in s, status) of every TF in `dir/tfs.csv`, as written above; rows
+    /// it cannot read are left out (a crashed ICN may leave half a line).
+    pub fn read(dir: &Path) -> Vec<(f64, String)> {
+        let Ok(t) = std::fs::read_to_string(dir.join("tfs.csv")) else {
+            return Vec::new();
+        };
+        t.lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                Some((f.get(2)?.parse().ok()?, f.get(5)?.to_string()))
+            })
+            .collect()
+    }
+
+    /// TFs of `dir/tfs.csv` by status.
+    pub fn status_counts(dir: &Path) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        for (_, status) in TfCsv::read(dir) {
+            *m.entry(status).or_default() += 1;
+        }
+        m
+    }
 }
 
 #[cfg(test)]

@@ -302,13 +302,7 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, crate::ConfigError> {
     let completed = latencies.len() as u64;
     let incomplete = issued - completed - dropped;
     latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| {
-        if latencies.is_empty() {
-            0.0
-        } else {
-            latencies[((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1]
-        }
-    };
+    let pct = |p: f64| fanin_report::percentile(&latencies, p).unwrap_or(0.0);
     Ok(BuildSummary {
         issued,
         completed,

@@ -738,13 +738,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
     let issued = sim.tfs.len() as u64;
     let mut latencies = std::mem::take(&mut sim.latencies);
     latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| -> f64 {
-        if latencies.is_empty() {
-            return 0.0;
-        }
-        let i = ((p * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len()) - 1;
-        latencies[i]
-    };
+    let pct = |p: f64| -> f64 { fanin_report::percentile(&latencies, p).unwrap_or(0.0) };
     let secs_total = end as f64 / SEC as f64;
     let net = &sim.net;
     let util = |links: &[u32]| -> Vec<f64> {
