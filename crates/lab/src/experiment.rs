@@ -124,131 +124,30 @@ fn number(v: Option<&Value>, field: &str) -> anyhow::Result<Option<f64>> {
     }
 }
 
+/// Top-level keys of a runtime experiment file.
+const TOP_KEYS: [&str; 8] = [
+    "name",
+    "description",
+    "repetitions",
+    "run",
+    "config",
+    "matrix",
+    "testbed",
+    "fault",
+];
+
+/// One configuration before it is typed: its label (if given), its table, the
+/// published values it is compared with.
+type RawConfig = (Option<String>, Table, Published);
+
 pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
     let doc: Table = from_toml(text).with_context(|| format!("experiment {origin}"))?;
-    if let Some(k) = ["model", "sim", "alice", "fabric", "build"]
-        .iter()
-        .find(|k| doc.contains_key(**k))
-    {
-        bail!("experiment {origin}: this is a simulation experiment (`{k}`): use `fanin sim`, not `fanin run`");
-    }
-    for k in doc.keys() {
-        if ![
-            "name",
-            "description",
-            "repetitions",
-            "run",
-            "config",
-            "matrix",
-            "testbed",
-            "fault",
-        ]
-        .contains(&k.as_str())
-        {
-            bail!("experiment {origin}: unknown top-level key `{k}` (name, description, repetitions, run, config, matrix, testbed, fault)");
-        }
-    }
-    let name = match doc.get("name") {
-        Some(Value::String(s)) => s.clone(),
-        None => Path::new(origin)
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "experiment".into()),
-        Some(v) => bail!("experiment {origin}: `name` must be a string, not {v}"),
-    };
-    let description = doc
-        .get("description")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let repetitions = match doc.get("repetitions") {
-        None => 1,
-        Some(Value::Integer(n)) if (1..=10_000).contains(n) => *n as u32,
-        Some(v) => bail!("experiment {origin}: `repetitions` must be 1..=10000, not {v}"),
-    };
-    let base = match doc.get("run") {
-        None => Table::new(),
-        Some(Value::Table(t)) => t.clone(),
-        Some(_) => bail!("experiment {origin}: `run` must be a table"),
-    };
-    // Explicit configurations, or just the base.
-    type Row = (Option<String>, Table, Published);
-    let mut rows: Vec<Row> = Vec::new();
-    match doc.get("config") {
-        None => rows.push((None, base.clone(), Published::default())),
-        Some(Value::Array(list)) => {
-            for (i, v) in list.iter().enumerate() {
-                let Value::Table(t) = v else {
-                    bail!("experiment {origin}: config #{} must be a table", i + 1);
-                };
-                let label = t.get("label").map(|l| match l {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                });
-                let what = format!("config #{}", i + 1);
-                let p = number(t.get("published_loss_pct"), "published_loss_pct")
-                    .with_context(|| format!("experiment {origin}: {what}"))?;
-                let pl = number(t.get("published_long_loss_pct"), "published_long_loss_pct")
-                    .with_context(|| format!("experiment {origin}: {what}"))?;
-                let mb = number(t.get("published_mb_s"), "published_mb_s")
-                    .with_context(|| format!("experiment {origin}: {what}"))?;
-                let publ = Published {
-                    loss_pct: p,
-                    long_loss_pct: pl,
-                    mb_s: mb,
-                };
-                rows.push((label, merge(&base, t), publ));
-            }
-        }
-        Some(_) => bail!("experiment {origin}: `config` must be an array of tables ([[config]])"),
-    }
-    // Cross every row with the matrix.
-    if let Some(m) = doc.get("matrix") {
-        let Value::Table(m) = m else {
-            bail!("experiment {origin}: `matrix` must be a table of arrays");
-        };
-        for (k, v) in m {
-            let Value::Array(values) = v else {
-                bail!("experiment {origin}: matrix.{k} must be an array");
-            };
-            if values.is_empty() {
-                bail!("experiment {origin}: matrix.{k} is empty");
-            }
-            let mut next = Vec::new();
-            for (label, t, publ) in &rows {
-                for val in values {
-                    let mut t = t.clone();
-                    t.insert(k.clone(), val.clone());
-                    let val_s = match val {
-                        Value::String(s) => s.clone(),
-                        other => other.to_string(),
-                    };
-                    let l = match label {
-                        Some(l) => format!("{l} {k}={val_s}"),
-                        None => format!("{k}={val_s}"),
-                    };
-                    next.push((Some(l), t, *publ));
-                }
-            }
-            rows = next;
-        }
-    }
-    let mut configs = Vec::new();
-    for (i, (label, t, publ)) in rows.into_iter().enumerate() {
-        let label = label.unwrap_or_else(|| format!("{}", i + 1));
-        let run: RunConfig = Value::Table(t)
-            .try_into()
-            .with_context(|| format!("experiment {origin}: configuration {label}"))?;
-        run.check()
-            .with_context(|| format!("experiment {origin}: configuration {label}"))?;
-        configs.push(Config {
-            label,
-            run,
-            published_loss_pct: publ.loss_pct,
-            published_long_loss_pct: publ.long_loss_pct,
-            published_mb_s: publ.mb_s,
-        });
-    }
+    check_keys(&doc).with_context(|| format!("experiment {origin}"))?;
+    let (name, description, repetitions) =
+        header(&doc, origin).with_context(|| format!("experiment {origin}"))?;
+    let rows = raw_configs(&doc).with_context(|| format!("experiment {origin}"))?;
+    let rows = cross_matrix(&doc, rows).with_context(|| format!("experiment {origin}"))?;
+    let configs = typed(rows).with_context(|| format!("experiment {origin}"))?;
     let testbed = match doc.get("testbed") {
         None => None,
         Some(v) => {
@@ -262,20 +161,7 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
             Some(p)
         }
     };
-    let faults: Vec<crate::faults::Fault> = match doc.get("fault") {
-        None => Vec::new(),
-        Some(v) => v
-            .clone()
-            .try_into()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.message().trim()))
-            .with_context(|| format!("experiment {origin}: [[fault]]"))?,
-    };
-    for f in &faults {
-        for c in &configs {
-            f.check(c.run.flps, c.run.epns, &c.run.registry)
-                .with_context(|| format!("experiment {origin}: configuration {}", c.label))?;
-        }
-    }
+    let faults = faults(&doc, &configs).with_context(|| format!("experiment {origin}"))?;
     Ok(Experiment {
         name,
         description,
@@ -284,6 +170,153 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
         testbed,
         faults,
     })
+}
+
+fn check_keys(doc: &Table) -> anyhow::Result<()> {
+    let sim = ["model", "sim", "alice", "fabric", "build"];
+    if let Some(k) = sim.iter().find(|k| doc.contains_key(**k)) {
+        bail!("this is a simulation experiment (`{k}`): use `fanin sim`, not `fanin run`");
+    }
+    if let Some(k) = doc.keys().find(|k| !TOP_KEYS.contains(&k.as_str())) {
+        bail!("unknown top-level key `{k}` ({})", TOP_KEYS.join(", "));
+    }
+    Ok(())
+}
+
+/// The name (default: the file's stem), description and repetitions.
+fn header(doc: &Table, origin: &str) -> anyhow::Result<(String, String, u32)> {
+    let name = match doc.get("name") {
+        Some(Value::String(s)) => s.clone(),
+        None => Path::new(origin)
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "experiment".into()),
+        Some(v) => bail!("`name` must be a string, not {v}"),
+    };
+    let description = match doc.get("description") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => bail!("`description` must be a string, not {v}"),
+    };
+    let repetitions = match doc.get("repetitions") {
+        None => 1,
+        Some(Value::Integer(n)) if (1..=10_000).contains(n) => *n as u32,
+        Some(v) => bail!("`repetitions` must be 1..=10000, not {v}"),
+    };
+    Ok((name, description, repetitions))
+}
+
+/// The `[[config]]` rows merged over `[run]`, or just `[run]`.
+fn raw_configs(doc: &Table) -> anyhow::Result<Vec<RawConfig>> {
+    let base = match doc.get("run") {
+        None => Table::new(),
+        Some(Value::Table(t)) => t.clone(),
+        Some(_) => bail!("`run` must be a table"),
+    };
+    let list = match doc.get("config") {
+        None => return Ok(vec![(None, base, Published::default())]),
+        Some(Value::Array(list)) => list,
+        Some(_) => bail!("`config` must be an array of tables ([[config]])"),
+    };
+    let mut rows = Vec::new();
+    for (i, v) in list.iter().enumerate() {
+        let Value::Table(t) = v else {
+            bail!("config #{} must be a table", i + 1);
+        };
+        let label = t.get("label").map(|l| match l {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        });
+        let what = format!("config #{}", i + 1);
+        let publ = Published {
+            loss_pct: number(t.get("published_loss_pct"), "published_loss_pct")
+                .with_context(|| what.clone())?,
+            long_loss_pct: number(t.get("published_long_loss_pct"), "published_long_loss_pct")
+                .with_context(|| what.clone())?,
+            mb_s: number(t.get("published_mb_s"), "published_mb_s").with_context(|| what)?,
+        };
+        rows.push((label, merge(&base, t), publ));
+    }
+    Ok(rows)
+}
+
+/// Every row crossed with every value of every `[matrix]` key.
+fn cross_matrix(doc: &Table, mut rows: Vec<RawConfig>) -> anyhow::Result<Vec<RawConfig>> {
+    let Some(m) = doc.get("matrix") else {
+        return Ok(rows);
+    };
+    let Value::Table(m) = m else {
+        bail!("`matrix` must be a table of arrays");
+    };
+    for (k, v) in m {
+        let Value::Array(values) = v else {
+            bail!("matrix.{k} must be an array");
+        };
+        if values.is_empty() {
+            bail!("matrix.{k} is empty");
+        }
+        let mut next = Vec::new();
+        for (label, t, publ) in &rows {
+            for val in values {
+                let mut t = t.clone();
+                t.insert(k.clone(), val.clone());
+                let val_s = match val {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let l = match label {
+                    Some(l) => format!("{l} {k}={val_s}"),
+                    None => format!("{k}={val_s}"),
+                };
+                next.push((Some(l), t, *publ));
+            }
+        }
+        rows = next;
+    }
+    Ok(rows)
+}
+
+/// Each row as a checked `RunConfig`; labels must be unique (they name directories).
+fn typed(rows: Vec<RawConfig>) -> anyhow::Result<Vec<Config>> {
+    let mut configs: Vec<Config> = Vec::new();
+    for (i, (label, t, publ)) in rows.into_iter().enumerate() {
+        let label = label.unwrap_or_else(|| format!("{}", i + 1));
+        if configs.iter().any(|c| c.label == label) {
+            bail!("two configurations are labelled {label:?}");
+        }
+        let run: RunConfig = Value::Table(t)
+            .try_into()
+            .with_context(|| format!("configuration {label}"))?;
+        run.check()
+            .with_context(|| format!("configuration {label}"))?;
+        configs.push(Config {
+            label,
+            run,
+            published_loss_pct: publ.loss_pct,
+            published_long_loss_pct: publ.long_loss_pct,
+            published_mb_s: publ.mb_s,
+        });
+    }
+    Ok(configs)
+}
+
+/// The `[[fault]]` entries, each checked against every configuration.
+fn faults(doc: &Table, configs: &[Config]) -> anyhow::Result<Vec<crate::faults::Fault>> {
+    let faults: Vec<crate::faults::Fault> = match doc.get("fault") {
+        None => Vec::new(),
+        Some(v) => v
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.message().trim()))
+            .context("[[fault]]")?,
+    };
+    for f in &faults {
+        for c in configs {
+            f.check(c.run.flps, c.run.epns, &c.run.registry)
+                .with_context(|| format!("configuration {}", c.label))?;
+        }
+    }
+    Ok(faults)
 }
 
 pub fn load(path: &Path) -> anyhow::Result<Experiment> {
@@ -366,6 +399,18 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{e:#}").contains("switch"), "{e:#}");
+    }
+
+    #[test]
+    fn bad_headers_and_repeated_labels_are_refused() {
+        let e = parse("description = 5\n[run]\ntfs = 10\n", "t").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("`description` must be a string"),
+            "{e:#}"
+        );
+        let twice = "[run]\ntfs = 10\n[[config]]\nlabel = \"a\"\n[[config]]\nlabel = \"a\"\n";
+        let e = parse(twice, "t").unwrap_err();
+        assert!(format!("{e:#}").contains("labelled \"a\""), "{e:#}");
     }
 
     #[test]

@@ -134,6 +134,57 @@ pub async fn join(
     })
 }
 
+/// Who joins, and where: the ICN's address or the registry that names it.
+pub struct JoinSpec<'a> {
+    pub role: Role,
+    pub icn: Option<SocketAddr>,
+    pub registry: Option<&'a crate::registry::ZkRegistry>,
+    pub control_bind: Option<IpAddr>,
+    pub connect_timeout: Duration,
+}
+
+/// One incarnation's way in: find the ICN, connect and register (under the id of the
+/// previous incarnation, if any), keep the id, and register in the registry. With a
+/// registry, or when rejoining, a failure is `IcnUnreachable`: the caller tries again.
+pub async fn join_run(
+    spec: &JoinSpec<'_>,
+    id: &std::cell::Cell<Option<u32>>,
+    rejoining: bool,
+    data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
+) -> Result<(SocketAddr, Joined), NodeError> {
+    let reg = spec.registry;
+    let icn = locate_icn(reg, spec.icn, spec.connect_timeout).await?;
+    let attempt = match reg {
+        Some(_) => REGISTRY_CONNECT_ATTEMPT.min(spec.connect_timeout),
+        None => spec.connect_timeout,
+    };
+    let joined = join(
+        spec.role,
+        icn,
+        spec.control_bind,
+        id.get(),
+        attempt,
+        data_addr,
+    )
+    .await
+    .map_err(|e| {
+        // The registry may name a new ICN by now, or (rejoining) the ICN has not
+        // seen this node's old connection close yet: let the caller try again.
+        if reg.is_some() || rejoining {
+            NodeError::IcnUnreachable(format!("{e:#}"))
+        } else {
+            NodeError::Fatal(e)
+        }
+    })?;
+    id.set(Some(joined.me));
+    if let Some(r) = reg {
+        crate::registry::runtime::register(r, spec.role, joined.me, joined.local);
+    }
+    let name = spec.role.name();
+    tracing::info!("{name} {}: registered for run {}", joined.me, joined.run_id);
+    Ok((icn, joined))
+}
+
 impl Joined {
     /// Run end: sends this node's counters to the ICN and closes the connection.
     pub async fn leave(self, role: Role, metrics: &Metrics) -> anyhow::Result<()> {

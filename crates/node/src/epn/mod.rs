@@ -18,12 +18,9 @@ use tokio::time::Instant;
 use crate::budget::ByteBudget;
 use crate::config::check_prepare;
 use crate::conn::read_frame;
-use crate::join::{
-    incarnations, join, locate_icn, lost_icn, node_setup, AbortOnDrop, NodeError,
-    REGISTRY_CONNECT_ATTEMPT,
-};
+use crate::join::{incarnations, join_run, lost_icn, node_setup, AbortOnDrop, JoinSpec, NodeError};
 use crate::metrics::Metrics;
-use crate::registry::{self, runtime::RegistryOpts, ZkRegistry};
+use crate::registry::{runtime::RegistryOpts, ZkRegistry};
 use builder::Builder;
 use core::{Action, EpnCore, Input};
 use receiver::{BufPool, BuildEvent, DataCtx};
@@ -77,63 +74,31 @@ async fn run_once(
     rejoining: bool,
 ) -> Result<(), NodeError> {
     let metrics = metrics.clone();
-    let icn = locate_icn(reg, opts.icn, opts.connect_timeout).await?;
     let listener = bind_data(opts.data_bind, rejoining).await?;
     let local = listener.local_addr()?;
-    let joined = join(
-        Role::Epn,
-        icn,
-        opts.control_bind,
-        id.get(),
-        if reg.is_some() {
-            REGISTRY_CONNECT_ATTEMPT.min(opts.connect_timeout)
-        } else {
-            opts.connect_timeout
-        },
-        |ctl| {
-            Ok(match opts.advertise {
-                Some(a) => a,
-                None if !local.ip().is_unspecified() => local,
-                // Bound to all interfaces: announce the address we reach the ICN from.
-                None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
-            }
-            .to_string())
-        },
-    )
-    .await
-    .map_err(|e| {
-        // The registry may name a new ICN by now, or (rejoining) the ICN has not seen
-        // this node's old connection close yet: let the caller try again.
-        if reg.is_some() || rejoining {
-            NodeError::IcnUnreachable(format!("{e:#}"))
-        } else {
-            NodeError::Fatal(e)
+    let spec = JoinSpec {
+        role: Role::Epn,
+        icn: opts.icn,
+        registry: reg,
+        control_bind: opts.control_bind,
+        connect_timeout: opts.connect_timeout,
+    };
+    let (icn, joined) = join_run(&spec, id, rejoining, |ctl| {
+        Ok(match opts.advertise {
+            Some(a) => a,
+            None if !local.ip().is_unspecified() => local,
+            // Bound to all interfaces: announce the address we reach the ICN from.
+            None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
         }
-    })?;
+        .to_string())
+    })
+    .await?;
     let me = joined.me;
-    id.set(Some(me));
-    if let Some(r) = reg {
-        registry::runtime::register(r, Role::Epn, me, joined.local);
-    }
-    tracing::info!("EPN {me}: registered for run {}", joined.run_id);
 
-    // Pre-run: wait for the run parameters.
     let ctl_tx = joined.ctl.clone();
     let mut joined = joined;
+    let prep = prerun(&mut joined.rd, me, icn).await?;
     let rd = &mut joined.rd;
-    let prep = loop {
-        match read_frame(rd, MAX_CONTROL_BODY).await? {
-            Some(Message::Prepare(p)) => break p,
-            Some(other) => {
-                tracing::warn!("EPN {me}: ignoring {:?} before Prepare", other.msg_type())
-            }
-            None => {
-                return Err(
-                    anyhow::anyhow!("ICN {icn} closed the connection before the run").into(),
-                )
-            }
-        }
-    };
     let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
         .with_context(|| format!("EPN {me}: run parameters from ICN {icn}"))?;
     let budget = Arc::new(ByteBudget::new(opts.build_buffer));
@@ -187,6 +152,23 @@ async fn run_once(
             }
             Ok(None) => return Err(lost_icn(Role::Epn, me, icn, None, &metrics)),
             Err(e) => return Err(lost_icn(Role::Epn, me, icn, Some(e), &metrics)),
+        }
+    }
+}
+
+/// Pre-run: waits for the run parameters.
+async fn prerun(
+    rd: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    me: u32,
+    icn: SocketAddr,
+) -> anyhow::Result<fanin_proto::Prepare> {
+    loop {
+        match read_frame(rd, MAX_CONTROL_BODY).await? {
+            Some(Message::Prepare(p)) => return Ok(p),
+            Some(other) => {
+                tracing::warn!("EPN {me}: ignoring {:?} before Prepare", other.msg_type())
+            }
+            None => anyhow::bail!("ICN {icn} closed the connection before the run"),
         }
     }
 }

@@ -202,79 +202,11 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
 ) -> Result<(), DataError> {
     let max_body = (STF_HEADER_LEN as u64 + ctx.max_stf).min(u32::MAX as u64) as u32;
     let mut scratch = vec![0u8; 64 * 1024];
-    loop {
-        let Some(h) = read_header(rd, max_body).await? else {
-            return Ok(());
-        };
-        if h.msg_type != fanin_proto::MsgType::Stf as u8 {
-            return Err(DataError::Peer(format!(
-                "message type {} on a data connection (only STF frames belong here)",
-                h.msg_type
-            )));
-        }
-        let mut hb = [0u8; STF_HEADER_LEN];
-        if (h.length as usize) < STF_HEADER_LEN || !read_exact_or_eof(rd, &mut hb).await? {
-            return Err(ConnError::Eof.into());
-        }
-        let sh = StfHeader::decode(&hb).map_err(ConnError::from)?;
-        let n = h.length as usize - STF_HEADER_LEN;
-        if sh.payload_len as usize != n {
-            return Err(ConnError::from(fanin_proto::DecodeError::PayloadLength {
-                declared: sh.payload_len,
-                actual: n,
-            })
-            .into());
-        }
-        if sh.flp_id != flp || sh.run_id != ctx.run_id {
-            return Err(DataError::Peer(format!(
-                "STF header says FLP {} run {}, connection is FLP {flp} run {}",
-                sh.flp_id, sh.run_id, ctx.run_id
-            )));
-        }
+    while let Some((sh, n)) = read_stf_header(rd, flp, ctx, max_body).await? {
         ctx.metrics.stf("received", "", 1);
         ctx.metrics.bytes("received", n as u64);
-        if ctx.budget.try_reserve(n as u64) {
-            let mut buf = ctx.pool.take(n);
-            let read = read_exact_or_eof(rd, &mut buf).await;
-            if !matches!(read, Ok(true)) && n > 0 {
-                // The FLP went away mid-STF: give the bytes back before leaving.
-                ctx.budget.release(n as u64);
-                ctx.pool.put(buf);
-                return Err(read.err().unwrap_or(ConnError::Eof).into());
-            }
-            ctx.metrics
-                .set_buffer("epn_build", ctx.budget.used(), ctx.budget.limit());
-            if let Some(crc) = sh.crc {
-                if crc32c::crc32c(&buf) != crc {
-                    ctx.budget.release(n as u64);
-                    ctx.pool.put(buf);
-                    ctx.metrics.stf("crc_error", "", 1);
-                    tracing::warn!(
-                        "EPN {}: CRC mismatch in STF of TF {} from FLP {flp}",
-                        ctx.me,
-                        sh.tf_id
-                    );
-                    send(
-                        ctx,
-                        BuildEvent::Lost {
-                            tf: sh.tf_id,
-                            reason: Reason::CrcError,
-                        },
-                    )
-                    .await;
-                    continue;
-                }
-            }
-            send(
-                ctx,
-                BuildEvent::Stf {
-                    tf: sh.tf_id,
-                    flp,
-                    target: sh.epn_id,
-                    payload: buf,
-                },
-            )
-            .await;
+        let ev = if ctx.budget.try_reserve(n as u64) {
+            keep_stf(rd, flp, ctx, &sh, n).await?
         } else {
             // Build buffer full: the named policy is to drop the TF, reading the bytes away.
             let mut left = n;
@@ -286,16 +218,91 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
                 left -= k;
             }
             ctx.metrics.stf("dropped", Reason::EpnBufferFull.name(), 1);
-            send(
-                ctx,
-                BuildEvent::Lost {
-                    tf: sh.tf_id,
-                    reason: Reason::EpnBufferFull,
-                },
-            )
-            .await;
-        }
+            BuildEvent::Lost {
+                tf: sh.tf_id,
+                reason: Reason::EpnBufferFull,
+            }
+        };
+        send(ctx, ev).await;
     }
+    Ok(())
+}
+
+/// The next STF's header and payload length, checked against the connection's FLP and
+/// run; None at a clean end of the connection.
+async fn read_stf_header<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    flp: FlpId,
+    ctx: &DataCtx,
+    max_body: u32,
+) -> Result<Option<(StfHeader, usize)>, DataError> {
+    let Some(h) = read_header(rd, max_body).await? else {
+        return Ok(None);
+    };
+    if h.msg_type != fanin_proto::MsgType::Stf as u8 {
+        return Err(DataError::Peer(format!(
+            "message type {} on a data connection (only STF frames belong here)",
+            h.msg_type
+        )));
+    }
+    let mut hb = [0u8; STF_HEADER_LEN];
+    if (h.length as usize) < STF_HEADER_LEN || !read_exact_or_eof(rd, &mut hb).await? {
+        return Err(ConnError::Eof.into());
+    }
+    let sh = StfHeader::decode(&hb).map_err(ConnError::from)?;
+    let n = h.length as usize - STF_HEADER_LEN;
+    if sh.payload_len as usize != n {
+        let e = fanin_proto::DecodeError::PayloadLength {
+            declared: sh.payload_len,
+            actual: n,
+        };
+        return Err(ConnError::from(e).into());
+    }
+    if sh.flp_id != flp || sh.run_id != ctx.run_id {
+        return Err(DataError::Peer(format!(
+            "STF header says FLP {} run {}, connection is FLP {flp} run {}",
+            sh.flp_id, sh.run_id, ctx.run_id
+        )));
+    }
+    Ok(Some((sh, n)))
+}
+
+/// Reads a payload whose `n` bytes are reserved in the build buffer into a pooled
+/// buffer; a bad CRC gives the bytes back and the STF is lost (`crc_error`).
+async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut R,
+    flp: FlpId,
+    ctx: &DataCtx,
+    sh: &StfHeader,
+    n: usize,
+) -> Result<BuildEvent, DataError> {
+    let mut buf = ctx.pool.take(n);
+    let read = read_exact_or_eof(rd, &mut buf).await;
+    if !matches!(read, Ok(true)) && n > 0 {
+        // The FLP went away mid-STF: give the bytes back before leaving.
+        ctx.budget.release(n as u64);
+        ctx.pool.put(buf);
+        return Err(read.err().unwrap_or(ConnError::Eof).into());
+    }
+    ctx.metrics
+        .set_buffer("epn_build", ctx.budget.used(), ctx.budget.limit());
+    if sh.crc.is_some_and(|crc| crc32c::crc32c(&buf) != crc) {
+        ctx.budget.release(n as u64);
+        ctx.pool.put(buf);
+        ctx.metrics.stf("crc_error", "", 1);
+        let (me, tf) = (ctx.me, sh.tf_id);
+        tracing::warn!("EPN {me}: CRC mismatch in STF of TF {tf} from FLP {flp}");
+        return Ok(BuildEvent::Lost {
+            tf,
+            reason: Reason::CrcError,
+        });
+    }
+    Ok(BuildEvent::Stf {
+        tf: sh.tf_id,
+        flp,
+        target: sh.epn_id,
+        payload: buf,
+    })
 }
 
 async fn send(ctx: &DataCtx, ev: BuildEvent) {

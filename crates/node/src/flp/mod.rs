@@ -19,11 +19,10 @@ use tokio::sync::mpsc;
 use crate::config::check_prepare;
 use crate::conn::{read_frame, ConnError};
 use crate::join::{
-    incarnations, join, leave, locate_icn, lost_icn, node_setup, AbortOnDrop, Joined, NodeError,
-    REGISTRY_CONNECT_ATTEMPT,
+    incarnations, join_run, leave, lost_icn, node_setup, AbortOnDrop, JoinSpec, Joined, NodeError,
 };
 use crate::metrics::Metrics;
-use crate::registry::{self, runtime::RegistryOpts, ZkRegistry};
+use crate::registry::{runtime::RegistryOpts, ZkRegistry};
 use core::{Action, FlpCore, Input, StfJob, QUEUE_PER_EPN};
 use sender::SendCtx;
 
@@ -68,31 +67,15 @@ async fn run_once(
     reg: Option<&ZkRegistry>,
     rejoining: bool,
 ) -> Result<(), NodeError> {
-    let icn = locate_icn(reg, opts.icn, opts.connect_timeout).await?;
-    let attempt = if reg.is_some() {
-        REGISTRY_CONNECT_ATTEMPT.min(opts.connect_timeout)
-    } else {
-        opts.connect_timeout
+    let spec = JoinSpec {
+        role: Role::Flp,
+        icn: opts.icn,
+        registry: reg,
+        control_bind: opts.control_bind,
+        connect_timeout: opts.connect_timeout,
     };
-    let mut joined = join(Role::Flp, icn, opts.control_bind, id.get(), attempt, |_| {
-        Ok(String::new())
-    })
-    .await
-    .map_err(|e| {
-        // The registry may name a new ICN by now, or (rejoining) the ICN has not seen
-        // this node's old connection close yet: let the caller try again.
-        if reg.is_some() || rejoining {
-            NodeError::IcnUnreachable(format!("{e:#}"))
-        } else {
-            NodeError::Fatal(e)
-        }
-    })?;
+    let (icn, mut joined) = join_run(&spec, id, rejoining, |_| Ok(String::new())).await?;
     let me = joined.me;
-    id.set(Some(me));
-    if let Some(r) = reg {
-        registry::runtime::register(r, Role::Flp, me, joined.local);
-    }
-    tracing::info!("FLP {me}: registered for run {}", joined.run_id);
     let (prep, list) = prerun(&mut joined, me, icn).await?;
     let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
         .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;

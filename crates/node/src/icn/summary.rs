@@ -107,6 +107,38 @@ fn sum_counter(nodes: &BTreeMap<String, BTreeMap<String, u64>>, key: &str) -> u6
         .fold(0u64, |a, &v| a.saturating_add(v))
 }
 
+/// issued = completed + incomplete + dropped, where "issued" is the number of TF ids
+/// handed out and each term the number of TFs that ended so, counted both by the ledger
+/// and by the rows the ICN wrote; and nothing left pending.
+fn invariant_ok(ledger: &Ledger, tally: &Tally) -> bool {
+    ledger.pending() == 0
+        && ledger.invariant_holds()
+        && tally.ids == ledger.issued
+        && tally.completed == ledger.completed
+        && tally.incomplete == ledger.incomplete_total()
+        && tally.dropped == ledger.dropped_total()
+        && tally.ids == tally.completed + tally.incomplete + tally.dropped
+}
+
+/// Why a run is not valid: a broken invariant, or (paced) an achieved duration outside
+/// the TDR's +-1 % of the configured one.
+fn invalid_reason(
+    cfg: &Checked,
+    invariant_ok: bool,
+    duration_s: f64,
+    configured: Option<f64>,
+) -> Option<String> {
+    if !invariant_ok {
+        return Some("accounting invariant violated".to_string());
+    }
+    match (cfg.paced(), configured) {
+        (true, Some(c)) if (duration_s - c).abs() > 0.01 * c => Some(format!(
+            "achieved duration {duration_s:.3} s is outside +-1 % of {c:.3} s"
+        )),
+        _ => None,
+    }
+}
+
 impl Summary {
     pub fn build(
         run_id: u64,
@@ -136,27 +168,9 @@ impl Summary {
         let incomplete = ledger.incomplete_total();
         let dropped = ledger.dropped_total();
         let lost = ledger.issued - ledger.completed;
-        // issued = completed + incomplete + dropped, where "issued" is the number of TF
-        // ids handed out and each term the number of TFs that ended so, counted both
-        // by the ledger and by the rows the ICN wrote.
-        let invariant_ok = ledger.pending() == 0
-            && ledger.invariant_holds()
-            && tally.ids == ledger.issued
-            && tally.completed == ledger.completed
-            && tally.incomplete == incomplete
-            && tally.dropped == dropped
-            && tally.ids == tally.completed + tally.incomplete + tally.dropped;
+        let invariant_ok = invariant_ok(ledger, tally);
         let configured = cfg.configured_duration.map(|d| d.as_secs_f64());
-        let mut invalid_reason = None;
-        if !invariant_ok {
-            invalid_reason = Some("accounting invariant violated".to_string());
-        } else if let (true, Some(c)) = (cfg.paced(), configured) {
-            if (duration_s - c).abs() > 0.01 * c {
-                invalid_reason = Some(format!(
-                    "achieved duration {duration_s:.3} s is outside +-1 % of {c:.3} s"
-                ));
-            }
-        }
+        let invalid_reason = invalid_reason(cfg, invariant_ok, duration_s, configured);
         let names = |m: &BTreeMap<fanin_proto::Reason, u64>| {
             m.iter()
                 .map(|(r, n)| (r.name().to_string(), *n))
