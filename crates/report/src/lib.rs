@@ -4,6 +4,7 @@
 
 pub mod dir;
 pub mod doc;
+pub mod plot;
 pub mod stats;
 pub mod text;
 

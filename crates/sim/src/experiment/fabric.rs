@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::fabric::{run, FabricConfig, FabricRun};
 use anyhow::{bail, Context};
+use fanin_report::plot::{Chart, Line, Marker, Series};
 use toml::{Table, Value};
 
 /// The four published columns of a thesis table, one value per 10 s sample.
@@ -193,103 +194,33 @@ fn csv_mean(m: &Mean) -> String {
     s
 }
 
-const COLOURS: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
-];
-
 /// A line chart of one metric over time for several scenarios, like the thesis's
-/// Charts 1-4: solid RX, dashed TX, dotted grey the published RX values.
+/// Charts 1-4: solid RX, dashed TX, dotted the published RX values.
 pub fn chart(title: &str, metric: usize, rows: &[(&Scenario, &Mean)]) -> String {
-    let (wd, ht, l, b, top, right) = (1000.0, 460.0, 70.0, 50.0, 40.0, 300.0);
-    let (pw, ph) = (wd - l - right, ht - b - top);
-    let tmax = rows
-        .iter()
-        .flat_map(|(_, m)| m.t.iter().copied())
-        .fold(10.0, f64::max);
-    let mut ymax: f64 = 0.0;
-    for (s, m) in rows {
-        for c in [metric, metric + 1] {
-            ymax = m.cols[c]
-                .iter()
-                .filter(|v| !v.is_nan())
-                .fold(ymax, |a, &v| a.max(v));
-            if let Some(p) = &s.published.cols[c] {
-                ymax = p.iter().fold(ymax, |a, &v| a.max(v));
-            }
-        }
-    }
-    let ymax = if ymax <= 0.0 { 1.0 } else { ymax * 1.08 };
-    let x = |t: f64| l + t / tmax * pw;
-    let y = |v: f64| top + ph - v / ymax * ph;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{wd}\" height=\"{ht}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{title}</text>\n",
-        l + pw / 2.0
-    );
-    let _ = writeln!(
-        s,
-        "<line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{l}\" y1=\"{top}\" x2=\"{l}\" y2=\"{}\" stroke=\"black\"/>",
-        top + ph,
-        l + pw,
-        top + ph,
-        top + ph
-    );
-    for i in 0..=6 {
-        let v = ymax * i as f64 / 6.0;
-        let tv = tmax * i as f64 / 6.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.2}</text><text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{tv:.0}</text>",
-            l - 5.0,
-            y(v) + 4.0,
-            x(tv),
-            top + ph + 18.0
-        );
-    }
-    let _ = writeln!(
-        s,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time (s)</text>",
-        l + pw / 2.0,
-        ht - 8.0
-    );
-    let poly = |pts: &[(f64, f64)], colour: &str, dash: &str, width: f64| -> String {
-        let p: Vec<String> = pts
-            .iter()
-            .filter(|p| !p.1.is_nan())
-            .map(|&(t, v)| format!("{:.1},{:.1}", x(t), y(v)))
-            .collect();
-        format!(
-            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"{width}\" stroke-dasharray=\"{dash}\" points=\"{}\"/>\n",
-            p.join(" ")
-        )
-    };
-    let mut legend = 0.0;
-    let mut key = |s: &mut String, colour: &str, dash: &str, text: &str| {
-        let ly = top + 10.0 + legend * 18.0;
-        let _ = writeln!(
-            s,
-            "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{colour}\" stroke-width=\"2\" stroke-dasharray=\"{dash}\"/><text x=\"{}\" y=\"{}\">{text}</text>",
-            l + pw + 10.0,
-            l + pw + 40.0,
-            l + pw + 45.0,
-            ly + 4.0
-        );
-        legend += 1.0;
-    };
+    let mut series = Vec::new();
     for (i, (sc, m)) in rows.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        for (c, dash, tag) in [(metric, "", "RX"), (metric + 1, "6,4", "TX")] {
-            let pts: Vec<(f64, f64)> = m.t.iter().copied().zip(m.cols[c].iter().copied()).collect();
-            s.push_str(&poly(&pts, colour, dash, 2.0));
-            key(&mut s, colour, dash, &format!("{} {tag}", sc.label));
+        let over_time = |v: &[f64]| m.t.iter().copied().zip(v.iter().copied()).collect();
+        for (c, line, tag) in [
+            (metric, Line::Solid, "RX"),
+            (metric + 1, Line::Dashed, "TX"),
+        ] {
+            let s = Series::new(i, line, Marker::None, over_time(&m.cols[c]));
+            series.push(s.legend(format!("{} {tag}", sc.label)));
         }
         if let Some(p) = &sc.published.cols[metric] {
-            let pts: Vec<(f64, f64)> = m.t.iter().copied().zip(p.iter().copied()).collect();
-            s.push_str(&poly(&pts, colour, "2,3", 1.0));
-            key(&mut s, colour, "2,3", &format!("{} RX (thesis)", sc.label));
+            let mut s = Series::new(i, Line::Dotted, Marker::None, over_time(p));
+            s.width = 1;
+            series.push(s.legend(format!("{} RX (thesis)", sc.label)));
         }
     }
-    s.push_str("</svg>\n");
-    s
+    Chart {
+        title: title.to_string(),
+        x_desc: "time (s)".into(),
+        y_desc: String::new(),
+        size: (1000, 460),
+        series,
+    }
+    .svg()
 }
 
 /// Runs the experiment: every scenario for seeds base..base+repetitions.

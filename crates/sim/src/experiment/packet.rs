@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::world::NEVER;
 use crate::{SimConfig, SimSummary, Transport};
 use anyhow::{bail, Context};
+use fanin_report::plot::{Chart, Line, Marker, Series};
 use toml::{Table, Value};
 
 #[derive(Debug, Clone)]
@@ -178,67 +179,23 @@ pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSu
 
 /// Network delay of every fragment against its slice, like the thesis's Figures 4.1-4.2.
 fn delay_plot(w: &crate::World, title: &str) -> String {
-    let pts: Vec<(u64, f64)> = w
+    let pts: Vec<(f64, f64)> = w
         .frags
         .iter()
         .filter(|f| !f.suppressed && f.sent != NEVER && f.arrived != NEVER)
-        .map(|f| (f.slice, (f.arrived - f.sent) as f64 / 1e9))
+        .map(|f| (f.slice as f64, (f.arrived - f.sent) as f64 / 1e9))
         .collect();
+    // At most about 40 000 points: the picture, not every fragment.
     let step = (pts.len() / 40_000).max(1);
-    let (wd, ht, l, b) = (900.0, 420.0, 70.0, 50.0);
-    let xmax = w.slices().max(1) as f64;
-    let ymax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.05;
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{wd}\" height=\"{ht}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"14\">Network delay per fragment: {}</text>\n",
-        wd / 2.0,
-        title
-    );
-    let (pw, ph) = (wd - l - 20.0, ht - b - 40.0);
-    let x = |v: f64| l + v / xmax * pw;
-    let y = |v: f64| 30.0 + ph - v / ymax * ph;
-    let _ = writeln!(
-        s,
-        "<line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/><line x1=\"{l}\" y1=\"30\" x2=\"{l}\" y2=\"{}\" stroke=\"black\"/>",
-        30.0 + ph,
-        l + pw,
-        30.0 + ph,
-        30.0 + ph
-    );
-    for i in 0..=5 {
-        let v = ymax * i as f64 / 5.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.3}</text>",
-            l - 5.0,
-            y(v) + 4.0
-        );
-        let sv = xmax * i as f64 / 5.0;
-        let _ = writeln!(
-            s,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{sv:.0}</text>",
-            x(sv),
-            30.0 + ph + 18.0
-        );
+    let pts = pts.into_iter().step_by(step).collect();
+    Chart {
+        title: format!("Network delay per fragment: {title}"),
+        x_desc: "time slice".into(),
+        y_desc: "delay (s)".into(),
+        size: (900, 420),
+        series: vec![Series::new(0, Line::None, Marker::Dot, pts)],
     }
-    let _ = writeln!(
-        s,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time slice</text><text x=\"15\" y=\"{}\" transform=\"rotate(-90 15 {})\" text-anchor=\"middle\">delay (s)</text>",
-        l + pw / 2.0,
-        ht - 8.0,
-        30.0 + ph / 2.0,
-        30.0 + ph / 2.0
-    );
-    s.push_str("<g fill=\"steelblue\">\n");
-    for p in pts.iter().step_by(step) {
-        let _ = writeln!(
-            s,
-            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"1.5\" height=\"1.5\"/>",
-            x(p.0 as f64),
-            y(p.1)
-        );
-    }
-    s.push_str("</g>\n</svg>\n");
-    s
+    .svg()
 }
 
 fn p(v: &Option<String>) -> String {
