@@ -344,6 +344,20 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_table().cloned()).collect(),
         Some(_) => bail!("experiment {origin}: `run` must be an array of tables ([[run]])"),
     };
+    let label_of = |i: usize, row: &Table| {
+        row.get("label")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{}", i + 1))
+    };
+    anyhow::ensure!(
+        only.is_empty()
+            || rows
+                .iter()
+                .enumerate()
+                .any(|(i, r)| only.contains(&label_of(i, r))),
+        "--only {only:?}: no run has those labels"
+    );
     let root = fanin_report::experiment_root(results, "sim", name)?;
     println!(
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
