@@ -231,6 +231,26 @@ impl Shell {
             if let Input::Control(Message::RunStart { run_id }) = &input {
                 tracing::info!("FLP {me}: run {run_id} started");
             }
+            if self.feed(input, &ctl, &conn_tx).await {
+                tracing::info!("FLP {me}: run stopping; flushing send queues");
+                self.flush(&mut done, &ctl, &conn_tx).await;
+                drop(reader);
+                return Ok(leave(ctl, writer, me, Role::Flp, metrics).await?);
+            }
+        }
+    }
+
+    /// Feeds one input and carries out the actions; true when the run stopped. Jobs a
+    /// sender cannot take come back at once as failed sends.
+    async fn feed(
+        &mut self,
+        input: Input,
+        ctl: &mpsc::Sender<Message>,
+        conn_tx: &mpsc::Sender<Connected>,
+    ) -> bool {
+        let mut inputs = vec![input];
+        let mut stopped = false;
+        while let Some(input) = inputs.pop() {
             self.core.handle(input);
             while let Some(action) = self.core.poll_action() {
                 match action {
@@ -240,26 +260,24 @@ impl Shell {
                     Action::ControlLossy(m) => {
                         let _ = ctl.try_send(m); // a full control queue skips one
                     }
-                    Action::Queue(job) => self.queue(job),
-                    Action::Connect(e) => self.connect_later(e, &conn_tx),
-                    Action::Stop => {
-                        tracing::info!("FLP {me}: run stopping; flushing send queues");
-                        self.flush().await;
-                        drop(reader);
-                        return Ok(leave(ctl, writer, me, Role::Flp, metrics).await?);
+                    Action::Queue(job) => {
+                        if !self.queue(job) {
+                            inputs.push(Input::Sent { job, ok: false });
+                        }
                     }
+                    Action::Connect(e) => self.connect_later(e, conn_tx),
+                    Action::Stop => stopped = true,
                 }
             }
         }
+        stopped
     }
 
-    /// An STF job to its sender; a sender that is gone hands it back as failed.
-    fn queue(&mut self, job: StfJob) {
+    /// An STF job to its sender; false when its sender is gone. (The core counts the
+    /// jobs, so a sender's queue is never full.)
+    fn queue(&mut self, job: StfJob) -> bool {
         let sent = self.senders.get(&job.epn).map(|tx| tx.try_send(job));
-        if !matches!(sent, Some(Ok(()))) {
-            // The core counts the jobs: a full queue cannot happen; a closed one failed.
-            let _ = self.done_tx.try_send((job, false));
-        }
+        matches!(sent, Some(Ok(())))
     }
 
     fn connected(&mut self, epn: EpnId, res: anyhow::Result<TcpStream>) -> Input {
@@ -294,8 +312,14 @@ impl Shell {
     }
 
     /// Senders end when their queue is empty; a stalled one fails within STALL_TIMEOUT
-    /// per STF, so the wait is bounded.
-    async fn flush(&mut self) {
+    /// per STF, so the wait is bounded. Finished jobs are taken in meanwhile (senders
+    /// wait for room to hand them back), and what the core says of them goes out.
+    async fn flush(
+        &mut self,
+        done: &mut mpsc::Receiver<(StfJob, bool)>,
+        ctl: &mpsc::Sender<Message>,
+        conn_tx: &mpsc::Sender<Connected>,
+    ) {
         self.senders.clear();
         let tasks = std::mem::take(&mut self.tasks);
         let wait = async {
@@ -303,12 +327,22 @@ impl Shell {
                 let _ = (&mut t.0).await;
             }
         };
-        if tokio::time::timeout(FLUSH_TIMEOUT, wait).await.is_err() {
-            tracing::warn!(
-                "FLP {}: send queues not flushed within {FLUSH_TIMEOUT:?}",
-                self.ctx.me
-            );
-            self.ctx.metrics.error("flush_timeout");
+        tokio::pin!(wait);
+        let deadline = tokio::time::sleep(FLUSH_TIMEOUT);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut wait => return,
+                Some((job, ok)) = done.recv() => {
+                    self.feed(Input::Sent { job, ok }, ctl, conn_tx).await;
+                }
+                _ = &mut deadline => break,
+            }
         }
+        tracing::warn!(
+            "FLP {}: send queues not flushed within {FLUSH_TIMEOUT:?}",
+            self.ctx.me
+        );
+        self.ctx.metrics.error("flush_timeout");
     }
 }

@@ -96,6 +96,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         origin: Instant::now(),
         core,
         conns: HashMap::new(),
+        failed: Default::default(),
         tfs_csv: match &opts.results_dir {
             Some(d) => Some(TfCsv::create(d)?),
             None => None,
@@ -187,6 +188,9 @@ struct Shell {
     origin: Instant,
     core: IcnCore,
     conns: HashMap<ConnId, Conn>,
+    /// Connections a send failed on: later sends to them are skipped until the core,
+    /// told of the failure, closes them.
+    failed: std::collections::HashSet<ConnId>,
     tfs_csv: Option<TfCsv>,
     progress: bool,
     run_start_unix_us: u64,
@@ -246,6 +250,7 @@ impl Shell {
             Event::Msg { conn, msg } => Input::Msg { conn, msg },
             Event::Closed { conn, err } => {
                 self.conns.remove(&conn);
+                self.failed.remove(&conn);
                 Input::Closed { conn, err }
             }
         };
@@ -268,6 +273,9 @@ impl Shell {
     fn act(&mut self, action: Action) -> Option<Input> {
         match action {
             Action::Send { conn, msg } => {
+                if self.failed.contains(&conn) {
+                    return None;
+                }
                 let c = self.conns.get(&conn)?;
                 let why = match c.tx.try_send(msg) {
                     Ok(()) => return None,
@@ -276,6 +284,7 @@ impl Shell {
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => "connection closed",
                 };
+                self.failed.insert(conn);
                 return Some(Input::SendFailed {
                     conn,
                     why: why.into(),
@@ -283,6 +292,7 @@ impl Shell {
             }
             Action::Close { conn } => {
                 self.conns.remove(&conn);
+                self.failed.remove(&conn);
             }
             Action::Log { level, line } => match level {
                 Level::Info => tracing::info!("ICN: {line}"),

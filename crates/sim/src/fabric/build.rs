@@ -211,8 +211,13 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, crate::ConfigError> {
                             left[n as usize] += 1;
                         }
                     }
-                    // EPNs report no load here, so no policy makes a TF wait.
-                    Placed::Waiting | Placed::Dropped(_) => dropped += 1,
+                    // EPNs report no load here, so no policy makes a TF wait; if one
+                    // did, the TF is dropped and leaves the queue.
+                    Placed::Waiting => {
+                        placer.drain_waiting();
+                        dropped += 1;
+                    }
+                    Placed::Dropped(_) => dropped += 1,
                 }
             }
             Ev::Finish => {

@@ -24,7 +24,12 @@ impl IcnCore {
         if self.phase == Phase::Running {
             let total = self.cfg.run.total_tfs;
             let mut budget = ISSUE_BATCH;
-            while budget > 0 && total.is_none_or(|t| self.next_tf < t) && self.may_issue() {
+            self.more_due = false;
+            while total.is_none_or(|t| self.next_tf < t) && self.may_issue() {
+                if budget == 0 {
+                    self.more_due = true;
+                    break;
+                }
                 self.issue_next();
                 budget -= 1;
                 if self.phase != Phase::Running {

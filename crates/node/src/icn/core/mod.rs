@@ -44,8 +44,9 @@ const LEASE_CHECK: Duration = Duration::from_millis(20);
 /// How long the ICN waits for every node's run-end counters after RunStop.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
-/// TFs issued in one `pump`, to stay responsive to reports between batches.
-const ISSUE_BATCH: u32 = 10_000;
+/// TFs issued in one `pump`, to stay responsive to reports between batches (and to
+/// learn of a failed send before many more TFs go to that peer).
+const ISSUE_BATCH: u32 = 256;
 
 /// Where the run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +175,8 @@ pub struct IcnCore {
     pub(crate) lost_leadership: bool,
     /// Unthrottled runs: since when issuing waits for a missing node.
     pub(crate) paused_since: Option<Now>,
+    /// The last `pump` stopped at its batch limit with TFs still due.
+    pub(crate) more_due: bool,
     /// EPNs joining mid-run: the FLPs that still have to confirm a data connection.
     pub(crate) joining: BTreeMap<EpnId, (ConnId, Vec<FlpId>)>,
     pub(crate) membership: Vec<MemberEvent>,
@@ -208,6 +211,7 @@ impl IcnCore {
             next_tf: 0,
             lost_leadership: false,
             paused_since: None,
+            more_due: false,
             joining: BTreeMap::new(),
             membership: Vec::new(),
             prerun_s: 0.0,
@@ -270,8 +274,12 @@ impl IcnCore {
 
     /// When the shell must feed `Input::Timeout` next (None: only inputs matter).
     pub fn poll_timeout(&self) -> Option<Now> {
+        let prerun = Duration::from_secs_f64(self.cfg.run.cfg.prerun_timeout_s);
         let issue = match self.phase {
+            Phase::Running if self.more_due => Some(self.now),
             Phase::Running if self.cfg.run.paced() => Some(self.deadline_of(self.next_tf)),
+            // Unthrottled and waiting for a missing node: until the pre-run time-out.
+            Phase::Running => self.paused_since.map(|t| t + prerun),
             _ => None,
         };
         let lease = self

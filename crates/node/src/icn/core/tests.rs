@@ -1167,3 +1167,47 @@ fn the_icn_places_tfs_as_the_simulators_do_for_every_policy() {
         assert_eq!(icn, sim, "{label}");
     }
 }
+
+#[test]
+fn a_long_backlog_is_issued_in_batches_with_immediate_wake_ups() {
+    let mut h = H::running(1, 2, |c| {
+        c.rate_hz = 0.0;
+        c.max_inflight = 1000;
+        c.tfs = Some(600);
+    });
+    assert_eq!(h.core.progress().0, super::ISSUE_BATCH as u64);
+    assert_eq!(
+        h.core.poll_timeout(),
+        Some(h.now),
+        "more is due: wake at once"
+    );
+    h.feed(Input::Timeout);
+    h.feed(Input::Timeout);
+    assert_eq!(h.core.progress().0, 600);
+    assert_eq!(h.core.phase(), Phase::Draining);
+}
+
+#[test]
+fn a_paused_unthrottled_run_wakes_at_the_prerun_time_out() {
+    // Under a registry there are no lease checks: only this wake-up ends the pause.
+    let (members, _) = registry_views();
+    let cfg = config(1, 1, |c| {
+        c.rate_hz = 0.0;
+        c.max_inflight = 4;
+        c.reassign = false;
+    });
+    let mut h = H::with_base(cfg, 0, Some(members));
+    start(&mut h);
+    h.now = Duration::from_millis(100);
+    h.feed(Input::Closed {
+        conn: flp_conn(0),
+        err: None,
+    });
+    for tf in 0..4 {
+        h.complete(0, tf);
+    }
+    assert_eq!(h.core.progress().0, 4, "waits for the FLP");
+    assert_eq!(h.core.poll_timeout(), Some(Duration::from_millis(5_100)));
+    h.at(5_100);
+    assert!(h.core.progress().0 > 4, "issues (and drops) after the wait");
+}
