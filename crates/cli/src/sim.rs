@@ -125,14 +125,7 @@ fn run_packet(a: &SimArgs) -> anyhow::Result<()> {
             ..SimConfig::default()
         }),
     };
-    if !a.only.is_empty() {
-        exp.runs.retain(|r| a.only.contains(&r.label));
-        anyhow::ensure!(
-            !exp.runs.is_empty(),
-            "--only {:?}: no run has those labels",
-            a.only
-        );
-    }
+    fanin_sim::experiment::keep_only(&mut exp.runs, &a.only, |r| &r.label)?;
     for r in &mut exp.runs {
         a.apply(&mut r.cfg);
         r.cfg = r

@@ -19,28 +19,9 @@ pub use stats::SimSummary;
 pub use world::World;
 
 /// Runs one configuration to its end and returns the world (fragments, counters).
-/// A simulation that cannot run as configured; the message names the value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
-
-impl From<String> for ConfigError {
-    fn from(s: String) -> Self {
-        ConfigError(s)
-    }
-}
-
-impl From<&str> for ConfigError {
-    fn from(s: &str) -> Self {
-        ConfigError(s.to_string())
-    }
-}
-
-impl From<fanin_sched::ParseError> for ConfigError {
-    fn from(e: fanin_sched::ParseError) -> Self {
-        ConfigError(e.0)
-    }
-}
+/// A simulation that cannot run as configured; the message names the value (the same
+/// error as a bad size or policy in `fanin_sched`).
+pub use fanin_sched::ParseError as ConfigError;
 
 pub fn simulate(cfg: SimConfig) -> Result<World, ConfigError> {
     let cfg = cfg.resolve()?;

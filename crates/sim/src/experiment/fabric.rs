@@ -231,13 +231,7 @@ pub fn run_file(
     seed: Option<u64>,
 ) -> anyhow::Result<()> {
     let mut exp = load(path)?;
-    if !only.is_empty() {
-        exp.scenarios.retain(|s| only.contains(&s.label));
-        anyhow::ensure!(
-            !exp.scenarios.is_empty(),
-            "--only {only:?}: no scenario has those labels"
-        );
-    }
+    super::keep_only(&mut exp.scenarios, only, |s| &s.label)?;
     let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?}, {} scenario(s) x {} seed(s); results in {}",

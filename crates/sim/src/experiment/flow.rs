@@ -160,13 +160,7 @@ pub fn run_experiment(
     seed: Option<u64>,
     duration: Option<f64>,
 ) -> anyhow::Result<()> {
-    if !only.is_empty() {
-        exp.runs.retain(|r| only.contains(&r.label));
-        anyhow::ensure!(
-            !exp.runs.is_empty(),
-            "--only {only:?}: no run has those labels"
-        );
-    }
+    super::keep_only(&mut exp.runs, only, |r| &r.label)?;
     let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?} on the flow model, {} run(s) x {} policies; results in {}",

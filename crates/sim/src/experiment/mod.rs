@@ -54,6 +54,20 @@ impl Model {
     }
 }
 
+/// Keeps the rows whose label is in `only` (all when empty); none left is an error.
+pub fn keep_only<T>(
+    rows: &mut Vec<T>,
+    only: &[String],
+    label: impl Fn(&T) -> &str,
+) -> anyhow::Result<()> {
+    if only.is_empty() {
+        return Ok(());
+    }
+    rows.retain(|r| only.iter().any(|o| o == label(r)));
+    anyhow::ensure!(!rows.is_empty(), "--only {only:?}: no row has those labels");
+    Ok(())
+}
+
 /// Which model the file at `path` is for: its `model` key, or its one model table.
 pub fn model_of(path: &Path) -> anyhow::Result<Model> {
     let text = std::fs::read_to_string(path)
