@@ -164,7 +164,11 @@ fn connect_timeout(secs: f64) -> anyhow::Result<Duration> {
 
 async fn main_async(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
-        Cmd::Run(a) => orchestrate::run(a).await,
+        Cmd::Run(a) => match orchestrate::run(a).await? {
+            orchestrate::Ended::Complete => Ok(()),
+            // Documented: an interrupted run exits with 130 after writing its results.
+            orchestrate::Ended::Interrupted => std::process::exit(130),
+        },
         Cmd::Testbed(c) => testbed::run(c),
         Cmd::Plot { dir } => {
             let csv = dir.join("table.csv");

@@ -38,7 +38,17 @@ pub struct RunArgs {
     pub overrides: RunOverrides,
 }
 
-pub async fn run(a: RunArgs) -> anyhow::Result<()> {
+/// How a `fanin run` ended when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Every run of the sweep ran.
+    Complete,
+    /// The operator stopped it (SIGINT/SIGTERM); what finished is in the table.
+    Interrupted,
+}
+
+pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
+    let interrupts = crate::process::listen()?;
     let exp = load(&a)?;
     let reps = a.repetitions.unwrap_or(exp.repetitions);
     if reps == 0 {
@@ -71,13 +81,22 @@ pub async fn run(a: RunArgs) -> anyhow::Result<()> {
         reps,
         root: &root,
         net: net.as_ref(),
+        interrupts,
     };
-    let (rows, failures) = sweep.run().await?;
+    let (rows, failures, ran) = sweep.run().await?;
     write_table(&exp, &root, &rows, capacity)?;
     if !failures.is_empty() {
         bail!("{} run(s) failed: {}", failures.len(), failures.join("; "));
     }
-    Ok(())
+    if *sweep.interrupts.borrow() > 0 {
+        let all = exp.configs.len() * reps as usize;
+        println!(
+            "interrupted after {ran} of {all} runs; results in {}",
+            root.display()
+        );
+        return Ok(Ended::Interrupted);
+    }
+    Ok(Ended::Complete)
 }
 
 /// The experiment to run: the file (or the embedded default), the `--only` rows, the
@@ -131,18 +150,24 @@ struct Sweep<'a> {
     reps: u32,
     root: &'a Path,
     net: Option<&'a OnTestbed>,
+    interrupts: crate::process::Interrupts,
 }
 
 impl Sweep<'_> {
-    /// Runs everything; returns a table row per configuration that completed a run, and
-    /// a line per failed run.
-    async fn run(&self) -> anyhow::Result<(Vec<RunRow>, Vec<String>)> {
+    /// Runs everything (until interrupted); returns a table row per configuration that
+    /// completed a run, a line per failed run, and how many runs ran.
+    async fn run(&self) -> anyhow::Result<(Vec<RunRow>, Vec<String>, usize)> {
         let mut rows = Vec::new();
         let mut failures = Vec::new();
+        let mut ran = 0;
         for (ci, c) in self.exp.configs.iter().enumerate() {
             let mut done: Vec<Summary> = Vec::new();
             let mut fault_runs: Vec<Vec<FaultResult>> = Vec::new();
             for r in 0..self.reps {
+                if *self.interrupts.borrow() > 0 {
+                    break;
+                }
+                ran += 1;
                 let (dir, prefix) = self.place(ci, c, r);
                 match self.run_rep(c, &dir, &prefix).await {
                     Ok((s, faults)) => {
@@ -162,7 +187,7 @@ impl Sweep<'_> {
                 rows.push(row(c, &done, &fault_runs));
             }
         }
-        Ok((rows, failures))
+        Ok((rows, failures, ran))
     }
 
     /// The directory and the log prefix of repetition `r` of configuration `ci`.
@@ -184,7 +209,8 @@ impl Sweep<'_> {
         dir: &Path,
         prefix: &str,
     ) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
-        let (s, faults) = run_on(&c.run, dir, prefix, self.net, &self.exp.faults).await?;
+        let stop = Some(self.interrupts.clone());
+        let (s, faults) = run_on(&c.run, dir, prefix, self.net, &self.exp.faults, stop).await?;
         println!(
             "{prefix}: issued {} completed {} incomplete {} dropped {} loss {:.2} % goodput {:.3} Gbit/s pre-run {:.2} s invariant {} valid {}{}",
             s.issued,
@@ -198,6 +224,9 @@ impl Sweep<'_> {
             s.valid,
             s.invalid_reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
         );
+        if s.interrupted {
+            println!("{prefix}: interrupted");
+        }
         for e in &s.events {
             println!("{prefix}:   {e}");
         }

@@ -341,16 +341,21 @@ impl<'a> Launcher<'a> {
     }
 }
 
-/// `exe`, inside network namespace `ns` when given.
+/// `exe`, inside network namespace `ns` when given; it dies with this process and has
+/// a process group of its own (a Ctrl-C at the terminal reaches only the launcher,
+/// which stops the run cleanly).
 fn command(exe: &Path, ns: Option<&str>) -> Command {
-    match ns {
+    let mut c = match ns {
         Some(ns) => {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", ns]).arg(exe);
             c
         }
         None => Command::new(exe),
-    }
+    };
+    crate::process::die_with_parent(&mut c);
+    c.process_group(0);
+    c
 }
 
 /// A function that starts `exe argv extra...` (in `ns`), appending its stderr to `log`.

@@ -15,13 +15,14 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
 use crate::faults::{self, Action, Fault, FaultResult, Injector, Nodes};
+use crate::process::Interrupts;
 pub use icn_lines::IcnLine;
 pub use launcher::OnTestbed;
 use launcher::{IcnOut, Launcher};
 
 /// Runs one configuration once on loopback and returns its summary.
 pub async fn run_one(cfg: &RunConfig, dir: &Path, prefix: &str) -> anyhow::Result<Summary> {
-    Ok(run_on(cfg, dir, prefix, None, &[]).await?.0)
+    Ok(run_on(cfg, dir, prefix, None, &[], None).await?.0)
 }
 
 /// Runs one configuration once, on loopback or on a testbed, with `faults` injected, and
@@ -32,6 +33,7 @@ pub async fn run_on(
     prefix: &str,
     net: Option<&OnTestbed>,
     faults: &[Fault],
+    interrupts: Option<Interrupts>,
 ) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
     let checked = cfg.check()?;
     let (goats, planned) = plan(faults, cfg)?;
@@ -53,6 +55,7 @@ pub async fn run_on(
         injector: None,
         takeover: Takeover::default(),
         bar: progress_bar(&checked, prefix),
+        interrupts,
     };
     let limit = time_limit(cfg, &checked, icn_fault);
     let follow = watch.follow(icn.lines, standby.as_mut().map(|s| &mut s.1));
@@ -129,6 +132,8 @@ struct Watch {
     injector: Option<Injector>,
     takeover: Takeover,
     bar: ProgressBar,
+    /// The operator's stop requests: the first is passed on to the ICN (SIGTERM).
+    interrupts: Option<Interrupts>,
 }
 
 impl Watch {
@@ -154,11 +159,21 @@ impl Watch {
                         None => std::future::pending().await,
                     }
                 };
+                let interrupted = async {
+                    match self.interrupts.as_mut() {
+                        Some(rx) => rx.changed().await.is_ok(),
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     l = lines.next_line() => l.ok().flatten(),
                     Some(l) = from_standby => {
                         on_standby = true;
                         Some(l)
+                    }
+                    true = interrupted => {
+                        self.stop_icns().await;
+                        continue;
                     }
                 }
             };
@@ -171,6 +186,14 @@ impl Watch {
                 return;
             };
             self.on_line(IcnLine::parse(&line), on_standby);
+        }
+    }
+
+    /// Asks the ICN (and a standby) to stop issuing and drain: they write their summary.
+    async fn stop_icns(&mut self) {
+        let nodes = self.nodes.lock().await;
+        for n in nodes.iter().filter(|n| n.name == "ICN") {
+            crate::process::signal_child(&n.child, libc::SIGTERM);
         }
     }
 

@@ -60,12 +60,10 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         std::fs::write(dir.join("config.toml"), toml::to_string(&opts.run.cfg)?)?;
     }
     let metrics_shown = metrics_addr.map(|a| a.to_string());
-    println!(
+    say(&format!(
         "listening control={control} metrics={}",
         metrics_shown.as_deref().unwrap_or("-")
-    );
-    use std::io::Write;
-    std::io::stdout().flush()?;
+    ));
     let cfg = &opts.run.cfg;
     tracing::info!(
         "ICN on {control}: waiting for {} FLPs and {} EPNs (policy {})",
@@ -208,6 +206,9 @@ impl Shell {
     ) -> anyhow::Result<()> {
         let mut progress = tokio::time::interval(Duration::from_millis(250));
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
         while self.core.phase() != Phase::Done {
             let far = Instant::now() + Duration::from_secs(3600);
             let wake = self.core.poll_timeout().map(|t| self.origin + t);
@@ -226,6 +227,8 @@ impl Shell {
                     }
                 }
                 input = lead.next() => self.feed(input),
+                _ = sigint.recv() => self.feed(Input::Interrupt),
+                _ = sigterm.recv() => self.feed(Input::Interrupt),
             }
         }
         self.print_progress();
@@ -310,7 +313,7 @@ impl Shell {
                     .map(|d| d.as_micros() as u64)
                     .unwrap_or(0);
                 if self.progress {
-                    println!("STARTED {}", self.run_start_unix_us);
+                    say(&format!("STARTED {}", self.run_start_unix_us));
                 }
             }
         }
@@ -320,7 +323,7 @@ impl Shell {
     fn print_progress(&self) {
         if self.progress {
             let (issued, ended, total) = self.core.progress();
-            println!("PROGRESS {issued} {ended} {total}");
+            say(&format!("PROGRESS {issued} {ended} {total}"));
         }
     }
 
@@ -341,6 +344,14 @@ impl Shell {
         log_counts(&summary);
         Ok(summary)
     }
+}
+
+/// A line for the launcher on stdout; a closed stdout (the launcher is gone) is no
+/// reason to stop, let alone to panic.
+fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 fn log_counts(summary: &Summary) {

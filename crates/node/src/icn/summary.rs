@@ -87,6 +87,10 @@ pub struct Summary {
     /// Wall-clock start of the run (µs since the UNIX epoch), to line up faults.
     #[serde(default)]
     pub run_start_unix_us: u64,
+    /// The run was stopped early by the operator (SIGINT/SIGTERM); `events` says how
+    /// far it got.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 /// The ICN's own count of what it did, kept apart from the ledger: TF ids handed out
@@ -227,6 +231,7 @@ impl Summary {
             membership: Vec::new(),
             policy_resets: 0,
             run_start_unix_us: 0,
+            interrupted: false,
         }
     }
 

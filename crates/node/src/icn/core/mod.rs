@@ -82,6 +82,9 @@ pub enum Input {
     LostLeadership,
     /// The shell woke up at (or after) `poll_timeout`.
     Timeout,
+    /// The operator asked the run to stop (SIGINT/SIGTERM): the first time, stop
+    /// issuing and drain; again, stop at once.
+    Interrupt,
 }
 
 /// How loud a log line is.
@@ -173,6 +176,8 @@ pub struct IcnCore {
     /// Last membership snapshot from the registry (ZooKeeper), to see who left.
     pub(crate) registry_members: Option<Membership>,
     pub(crate) lost_leadership: bool,
+    /// Interrupts received (SIGINT/SIGTERM).
+    pub(crate) interrupts: u32,
     /// Unthrottled runs: since when issuing waits for a missing node.
     pub(crate) paused_since: Option<Now>,
     /// The last `pump` stopped at its batch limit with TFs still due.
@@ -210,6 +215,7 @@ impl IcnCore {
             tally: Tally::default(),
             next_tf: 0,
             lost_leadership: false,
+            interrupts: 0,
             paused_since: None,
             more_due: false,
             joining: BTreeMap::new(),
@@ -261,6 +267,7 @@ impl IcnCore {
                 self.registry_members = None;
             }
             Input::LostLeadership => self.on_lost_leadership(),
+            Input::Interrupt => self.on_interrupt(),
             Input::Timeout => self.on_timeout(),
         }
         self.pump();

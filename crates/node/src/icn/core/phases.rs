@@ -155,6 +155,38 @@ impl IcnCore {
         }
     }
 
+    pub(super) fn on_interrupt(&mut self) {
+        self.interrupts += 1;
+        let issued = self.ledger.issued;
+        let of = self
+            .cfg
+            .run
+            .total_tfs
+            .map(|t| format!(" of {t}"))
+            .unwrap_or_default();
+        let msg = format!("interrupted after issuing {issued}{of} TFs");
+        self.log(Level::Warn, msg.clone());
+        match (self.phase, self.interrupts) {
+            (Phase::Registering | Phase::Preparing, _) => {
+                self.fatal = Some("interrupted before the run started".into());
+                self.phase = Phase::Done;
+            }
+            (Phase::Running, 1) => {
+                self.events.push(msg);
+                self.begin_drain();
+            }
+            (Phase::Running | Phase::Draining, _) => {
+                if self.interrupts == 1 {
+                    self.events.push(msg);
+                }
+                self.begin_stop();
+            }
+            (Phase::Stopping, 1) => self.events.push(msg),
+            (Phase::Stopping, _) => self.phase = Phase::Done,
+            (Phase::Done, _) => {}
+        }
+    }
+
     pub(super) fn begin_drain(&mut self) {
         self.phase = Phase::Draining;
         self.phase_deadline = Some(self.now + self.cfg.run.drain_timeout());
@@ -208,6 +240,7 @@ impl IcnCore {
         );
         self.phase = Phase::Done;
         Summary {
+            interrupted: self.interrupts > 0,
             policy_resets: self.placer.policy().resets(),
             membership: std::mem::take(&mut self.membership),
             ..summary

@@ -1211,3 +1211,45 @@ fn a_paused_unthrottled_run_wakes_at_the_prerun_time_out() {
     h.at(5_100);
     assert!(h.core.progress().0 > 4, "issues (and drops) after the wait");
 }
+
+// ---- interrupts (SIGINT/SIGTERM at the ICN) ----
+
+#[test]
+fn an_interrupt_stops_issuing_and_drains_what_is_in_flight() {
+    let mut h = H::running(1, 1, |_| {});
+    h.at(4);
+    h.feed(Input::Interrupt);
+    assert_eq!(h.core.phase(), Phase::Draining);
+    assert!(assigns(&h.at(50)).is_empty(), "no TF after the interrupt");
+    for tf in 0..5 {
+        h.complete(0, tf);
+    }
+    assert_eq!(h.core.phase(), Phase::Stopping);
+    let s = h.finish();
+    assert!(s.interrupted);
+    assert_eq!((s.issued, s.completed), (5, 5));
+    assert!(s
+        .events
+        .iter()
+        .any(|e| e.contains("interrupted after issuing 5 of 100")));
+}
+
+#[test]
+fn a_second_interrupt_stops_at_once() {
+    let mut h = H::running(1, 1, |_| {});
+    h.feed(Input::Interrupt);
+    let out = h.feed(Input::Interrupt);
+    assert_eq!(h.core.phase(), Phase::Stopping);
+    assert!(to(&out, epn_conn(0)).contains(&Message::RunStop { run_id: 7 }));
+    h.feed(Input::Interrupt);
+    assert_eq!(h.core.phase(), Phase::Done);
+    let s = h.finish();
+    assert_eq!(s.dropped_by_reason.get("unacknowledged"), Some(&1));
+}
+
+#[test]
+fn an_interrupt_before_the_run_ends_the_icn() {
+    let mut h = H::new(config(1, 1, |_| {}));
+    h.feed(Input::Interrupt);
+    assert_eq!(h.core.fatal(), Some("interrupted before the run started"));
+}
