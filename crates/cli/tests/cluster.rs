@@ -396,3 +396,26 @@ fn weighted_round_robin_follows_the_configured_epn_weights() {
         assert!(p.wait(30).success(), "{} failed", p.name);
     }
 }
+
+#[test]
+fn unthrottled_with_every_default_is_back_pressured_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fanin()
+        .args(["run", "--rate", "0", "--duration", "3", "--results"])
+        .arg(dir.path().join("results"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let run_dir = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let s = read_summary(&run_dir);
+    assert!(u(&s, "issued") > 100, "{s}");
+    assert_eq!(u(&s, "dropped"), 0, "{s}");
+    assert_eq!(u(&s, "lost"), 0, "{s}");
+    assert_eq!(s["invariant_ok"], true);
+}

@@ -371,6 +371,20 @@ pub fn in_range<T: PartialOrd + std::fmt::Display>(
 }
 
 impl Checked {
+    /// TFs in flight the ICN allows when unthrottled: `max_inflight`, but never more
+    /// than the buffers hold, so back-pressure replaces drops. Every FLP holds one STF
+    /// per TF in flight (until its TF ends, with `reassign`) in `flp_buffer`, and the
+    /// EPNs together hold theirs in `epns x epn_buffer`; sizes are counted at their
+    /// largest, with a tenth kept free.
+    pub fn unthrottled_inflight(&self) -> u64 {
+        let stf = self.stf_size.max().max(1);
+        let flps = self.cfg.flps as u64;
+        let by_flp = self.flp_buffer / stf;
+        let by_epns = (self.cfg.epns as u64).saturating_mul(self.epn_buffer) / (stf * flps);
+        let bound = by_flp.min(by_epns) * 9 / 10;
+        self.cfg.max_inflight.min(bound.max(1))
+    }
+
     pub fn build_timeout(&self) -> Duration {
         Duration::from_millis(self.cfg.build_timeout_ms)
     }
@@ -631,5 +645,33 @@ mod value_tests {
         assert_eq!(c.registry.to_string(), "zk://127.0.0.1:2181/x");
         let e = toml::from_str::<RunConfig>("registry = \"etcd\"").unwrap_err();
         assert!(e.to_string().contains("embedded"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod inflight_tests {
+    use super::*;
+
+    #[test]
+    fn unthrottled_runs_keep_in_flight_what_the_buffers_hold() {
+        // Defaults: 256 MiB of FLP buffer holds 256 STFs of 1 MiB; a tenth kept free.
+        let c = RunConfig::default().check().unwrap();
+        assert_eq!(c.unthrottled_inflight(), 230);
+        let small = RunConfig {
+            max_inflight: 10,
+            ..RunConfig::default()
+        };
+        assert_eq!(small.check().unwrap().unthrottled_inflight(), 10);
+        let epn_bound = RunConfig {
+            flps: 8,
+            epns: 1,
+            epn_buffer: ByteSize(16 << 20),
+            ..RunConfig::default()
+        };
+        assert_eq!(
+            epn_bound.check().unwrap().unthrottled_inflight(),
+            1,
+            "2 x 8 MiB at most"
+        );
     }
 }

@@ -53,8 +53,8 @@ impl IcnCore {
         if self.cfg.run.paced() {
             return self.deadline_of(self.next_tf) <= now;
         }
-        if self.ledger.pending() as u64 >= self.cfg.run.cfg.max_inflight {
-            return false; // wait for acknowledgements
+        if self.ledger.pending() as u64 >= self.window.size() {
+            return false; // wait for acknowledgements: back-pressure, not drops
         }
         if (self.flps.len() as u32) < self.cfg.run.cfg.flps
             || self.placer.policy().epns().is_empty()

@@ -82,7 +82,12 @@ impl IcnCore {
             .ledger
             .report(r.tf_id, epn, r.status, r.reason, r.bytes, now)
         {
-            Outcome::Ended(row) => self.ended(&row),
+            Outcome::Ended(row) => {
+                let latency_us = row.ended_us.saturating_sub(row.issued_us);
+                let complete = row.status == fanin_proto::TfStatus::Complete;
+                self.window.ended(complete, latency_us, row.ended_us);
+                self.ended(&row)
+            }
             Outcome::NotPending => self.metrics.error("stale_report"),
             Outcome::WrongEpn { assigned } => {
                 let line = format!("EPN {epn} reported TF {} assigned to {assigned:?}", r.tf_id);

@@ -14,6 +14,7 @@ mod messages;
 mod phases;
 #[cfg(test)]
 mod tests;
+mod window;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -182,6 +183,8 @@ pub struct IcnCore {
     pub(crate) paused_since: Option<Now>,
     /// The last `pump` stopped at its batch limit with TFs still due.
     pub(crate) more_due: bool,
+    /// Unthrottled runs: TFs allowed in flight now (see `window.rs`).
+    pub(crate) window: window::Window,
     /// EPNs joining mid-run: the FLPs that still have to confirm a data connection.
     pub(crate) joining: BTreeMap<EpnId, (ConnId, Vec<FlpId>)>,
     pub(crate) membership: Vec<MemberEvent>,
@@ -197,6 +200,7 @@ impl IcnCore {
     /// A new ICN at time `now`, waiting for registrations until the pre-run time-out.
     pub fn new(cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
         let prerun_timeout = Duration::from_secs_f64(cfg.run.cfg.prerun_timeout_s);
+        let window = window::Window::new(&cfg.run);
         IcnCore {
             placer: Placer::new(cfg.run.cfg.build_policy()),
             registry_members: cfg.registry_members.clone(),
@@ -218,6 +222,7 @@ impl IcnCore {
             interrupts: 0,
             paused_since: None,
             more_due: false,
+            window,
             joining: BTreeMap::new(),
             membership: Vec::new(),
             prerun_s: 0.0,

@@ -1170,12 +1170,10 @@ fn the_icn_places_tfs_as_the_simulators_do_for_every_policy() {
 
 #[test]
 fn a_long_backlog_is_issued_in_batches_with_immediate_wake_ups() {
-    let mut h = H::running(1, 2, |c| {
-        c.rate_hz = 0.0;
-        c.max_inflight = 1000;
-        c.tfs = Some(600);
-    });
-    assert_eq!(h.core.progress().0, super::ISSUE_BATCH as u64);
+    let mut h = H::running(1, 2, |c| c.tfs = Some(600));
+    h.now = Duration::from_millis(599); // a very late wake-up: 599 TFs are due
+    h.feed(Input::Timeout);
+    assert_eq!(h.core.progress().0, 1 + super::ISSUE_BATCH as u64);
     assert_eq!(
         h.core.poll_timeout(),
         Some(h.now),
