@@ -69,8 +69,13 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
         exp.configs.len(),
         root.display()
     );
-    if !exp.description.is_empty() {
+    // The file's description speaks of the file's values: not shown when overridden.
+    if !exp.description.is_empty() && a.overrides.is_empty() {
         println!("  {}", exp.description.trim());
+    }
+    if let [c] = exp.configs.as_slice() {
+        // What runs, after the command line's overrides (the description is the file's).
+        println!("  configuration: {}", effective(&c.run));
     }
     let capacity = match &net {
         Some(n) => describe_testbed(n, a.iperf_seconds)?,
@@ -97,6 +102,23 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
         return Ok(Ended::Interrupted);
     }
     Ok(Ended::Complete)
+}
+
+/// One line for a run configuration as it will run.
+fn effective(c: &fanin_node::RunConfig) -> String {
+    let rate = match c.rate_hz {
+        r if r > 0.0 => format!("{r} Hz"),
+        _ => "unthrottled".to_string(),
+    };
+    let length = match (c.tfs, c.duration_s) {
+        (Some(n), _) => format!("{n} TFs"),
+        (None, Some(d)) => format!("{d} s"),
+        (None, None) => "-".to_string(),
+    };
+    format!(
+        "{} FLPs -> {} EPNs, {rate}, STFs {}, {length}, policy {}, registry {}",
+        c.flps, c.epns, c.stf_size, c.policy, c.registry
+    )
 }
 
 /// The experiment to run: the file (or the embedded default), the `--only` rows, the

@@ -44,6 +44,11 @@ pub struct RunOverrides {
 }
 
 impl RunOverrides {
+    /// Does the command line override anything?
+    pub fn is_empty(&self) -> bool {
+        format!("{self:?}") == format!("{:?}", RunOverrides::default())
+    }
+
     pub fn apply(&self, c: &mut RunConfig) {
         if let Some(v) = self.flps {
             c.flps = v;
