@@ -290,3 +290,40 @@ epns = [3, 4]
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host 9"), "{err}");
 }
+
+#[test]
+fn down_without_a_name_takes_down_what_up_made() {
+    if !root_or_skip("down_without_a_name_takes_down_what_up_made") {
+        return;
+    }
+    // A state directory of its own: other tests' testbeds are not "the one that is up".
+    let state = tempfile::tempdir().unwrap();
+    let tb = |args: &[&str]| {
+        fanin()
+            .env("FANIN_TESTBED_STATE", state.path())
+            .arg("testbed")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let up = tb(&["up", "--hosts", "3"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    assert_eq!(owned("fanin").len(), 4, "{:?}", owned("fanin"));
+    let status = tb(&["status"]);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let down = tb(&["down"]);
+    let said = String::from_utf8_lossy(&down.stdout);
+    assert!(
+        down.status.success() && said.contains("testbed fanin: removed 4"),
+        "{said}"
+    );
+    assert!(owned("fanin").is_empty(), "{:?}", owned("fanin"));
+}

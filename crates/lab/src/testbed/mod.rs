@@ -26,9 +26,44 @@ pub enum TestbedCmd {
 
 #[derive(Args)]
 pub struct NameArg {
-    /// Testbed name (prefix of its namespaces).
-    #[arg(long, default_value = "pi-cluster")]
-    pub name: String,
+    /// Testbed name (prefix of its namespaces); default: the one testbed that is up.
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+impl NameArg {
+    /// The named testbed, or the only one `up` recorded (`pi-cluster` when none is).
+    pub fn resolve(&self) -> anyhow::Result<String> {
+        if let Some(n) = &self.name {
+            spec::check_name(n)?;
+            return Ok(n.clone());
+        }
+        let up = recorded();
+        match up.as_slice() {
+            [] => Ok("pi-cluster".into()),
+            [one] => Ok(one.clone()),
+            many => anyhow::bail!(
+                "several testbeds are up ({}): name one with --name",
+                many.join(", ")
+            ),
+        }
+    }
+}
+
+/// The testbeds `up` recorded and `down` has not removed, by name.
+pub fn recorded() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(state_dir())
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.strip_suffix(".json").map(str::to_string)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 #[derive(Args)]
@@ -74,13 +109,13 @@ pub fn run(cmd: TestbedCmd) -> anyhow::Result<()> {
     match cmd {
         TestbedCmd::Up(a) => up(a),
         TestbedCmd::Down(a) => {
-            spec::check_name(&a.name)?;
+            let name = a.resolve()?;
             need_root("down")?;
-            let n = down(&a.name)?;
-            println!("testbed {}: removed {n} namespace(s)", a.name);
+            let n = down(&name)?;
+            println!("testbed {name}: removed {n} namespace(s)");
             Ok(())
         }
-        TestbedCmd::Status(a) => status(&a.name),
+        TestbedCmd::Status(a) => status(&a.resolve()?),
         TestbedCmd::Iperf(a) => iperf::run(a),
     }
 }
