@@ -205,3 +205,12 @@ fn port_in_use_is_a_one_line_error() {
         &["data bind", &addr, "in use"],
     );
 }
+
+#[test]
+fn run_help_lists_the_policies() {
+    let out = fanin().args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for p in fanin_sched::PolicyKind::ALL {
+        assert!(help.contains(p.name()), "{} missing in:\n{help}", p.name());
+    }
+}

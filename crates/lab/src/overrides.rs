@@ -26,7 +26,8 @@ pub struct RunOverrides {
     /// STF size: 1MiB, uniform(MIN,MAX), sine(MEAN,AMPL,PERIOD), random(MEAN,SPREAD).
     #[arg(long)]
     pub stf_size: Option<String>,
-    /// Load-balancing policy.
+    /// Load-balancing policy: round-robin, static-modulo, whitelist, blacklist, reinit,
+    /// weighted-round-robin or least-loaded.
     #[arg(long)]
     pub policy: Option<PolicyKind>,
     /// EPN build time-out in milliseconds.
