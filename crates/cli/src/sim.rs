@@ -13,19 +13,23 @@ use fanin_sim::experiment::{fabric, flow, model_of, packet, Model};
 pub struct SimArgs {
     /// Experiment file: a `[sim]` base and `[[run]]` rows (see experiments/README.md).
     pub file: Option<PathBuf>,
-    /// antares-sector, antares-2-string or antares-10-string.
+    /// antares-sector, antares-2-string, antares-10-string (packet model), or
+    /// alice-2016, alice-tdr (flow model, every policy).
     #[arg(long)]
     pub preset: Option<String>,
+    /// Transport of the fragments (packet model).
     #[arg(long, value_parser = ["tcp", "udp"])]
     pub transport: Option<String>,
     /// Delayed transmission with this group size (default: direct).
     #[arg(long)]
     pub k: Option<u32>,
+    /// Bioluminescence: none, bursts, or bursts with the cut-off (packet model).
     #[arg(long, value_parser = ["none", "bursts", "cutoff"])]
     pub bio: Option<String>,
     /// Simulated seconds of slices (plus the relaxation period).
     #[arg(long)]
     pub duration: Option<f64>,
+    /// Bytes of every fragment when no size model is given (packet model).
     #[arg(long)]
     pub fragment_bytes: Option<u32>,
     /// Fragment size model: uniform(MIN,MAX), sine(MEAN,AMPL,PERIOD), random(MEAN,SPREAD).
@@ -34,13 +38,16 @@ pub struct SimArgs {
     /// Also write fragments.csv: one row per fragment (large at full scale).
     #[arg(long)]
     pub fragments_csv: bool,
+    /// Bit error rate of every link, within [0, 1) (packet model).
     #[arg(long)]
     pub ber: Option<f64>,
+    /// TCP's minimum retransmission time-out in ms (packet model).
     #[arg(long)]
     pub min_rto_ms: Option<f64>,
     /// Uniform random send delay per fragment, in microseconds (0 = synchronised).
     #[arg(long)]
     pub jitter_us: Option<f64>,
+    /// Seed of every random draw: the same seed gives the same files, byte for byte.
     #[arg(long)]
     pub seed: Option<u64>,
     /// Run only the rows with these labels (comma separated).

@@ -214,3 +214,28 @@ fn run_help_lists_the_policies() {
         assert!(help.contains(p.name()), "{} missing in:\n{help}", p.name());
     }
 }
+
+#[test]
+fn a_missing_zookeeper_is_named_once_before_any_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../experiments/failover-ticktime.toml"
+    );
+    let out = fanin()
+        .args(["run", exp, "--results"])
+        .arg(dir.path().join("results"))
+        .env("FANIN_ZK_SERVER_SH", "/nonexistent/zkServer.sh")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("ZooKeeper") && lines[0].matches("zkServer.sh").count() == 1,
+        "{err}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("[1/"), "no run started: {stdout}");
+}

@@ -77,6 +77,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
         // What runs, after the command line's overrides (the description is the file's).
         println!("  configuration: {}", effective(&c.run));
     }
+    prerequisites(&exp, net.is_some() && a.iperf_seconds > 0)?;
     let capacity = match &net {
         Some(n) => describe_testbed(n, a.iperf_seconds)?,
         None => None,
@@ -102,6 +103,21 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
         return Ok(Ended::Interrupted);
     }
     Ok(Ended::Complete)
+}
+
+/// What the sweep needs, checked once before its first run: a ZooKeeper when a
+/// configuration asks for a private one, iperf3 for a testbed's capacity reference.
+/// One line names what is missing and how to install it.
+fn prerequisites(exp: &Experiment, iperf: bool) -> anyhow::Result<()> {
+    let zk = fanin_node::config::Registry::ZooKeeper;
+    if exp.configs.iter().any(|c| c.run.registry == zk) {
+        fanin_node::registry::zk_server::find_script()
+            .context("registry = \"zookeeper\" needs a ZooKeeper server")?;
+    }
+    if iperf && crate::testbed::which("iperf3").is_none() {
+        bail!("the testbed's capacity reference needs iperf3: apt-get install -y iperf3 (or --iperf-seconds 0)");
+    }
+    Ok(())
 }
 
 /// One line for a run configuration as it will run.

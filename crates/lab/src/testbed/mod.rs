@@ -136,7 +136,8 @@ fn need_root(what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn which(tool: &str) -> Option<PathBuf> {
+/// A tool on PATH (or in /usr/sbin, /sbin).
+pub fn which(tool: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .chain(["/usr/sbin".into(), "/sbin".into()])

@@ -321,7 +321,8 @@ impl Drop for ZkServer {
     }
 }
 
-fn find_script() -> anyhow::Result<PathBuf> {
+/// The `zkServer.sh` to start servers with, or a one-line error saying how to install it.
+pub fn find_script() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("FANIN_ZK_SERVER_SH") {
         let p = PathBuf::from(p);
         if p.is_file() {
