@@ -68,6 +68,7 @@ mod tests {
             epns: 6,
             stf_size: size.into(),
             rate_hz: 200.0,
+            policy: "round-robin".into(),
             runs: 1,
             issued: 100.0,
             completed: 100.0,

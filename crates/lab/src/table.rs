@@ -13,6 +13,8 @@ pub struct RunRow {
     pub epns: u32,
     pub stf_size: String,
     pub rate_hz: f64,
+    /// The load-balancing policy (shown when the rows differ in it).
+    pub policy: String,
     pub runs: usize,
     pub issued: f64,
     pub completed: f64,
@@ -93,6 +95,7 @@ impl RunRow {
             flps: s0.flps,
             epns: s0.epns,
             stf_size: s0.stf_size.clone(),
+            policy: s0.policy.clone(),
             rate_hz: s0.rate_hz,
             runs: runs.len(),
             issued: mean(&|s| s.issued as f64),
@@ -156,6 +159,11 @@ pub fn render(rows: &[RunRow]) -> String {
     if with_pub {
         head.push("published loss %");
     }
+    // The policy when it varies between rows (a sweep over policies).
+    let with_policy = rows.iter().any(|r| r.policy != rows[0].policy);
+    if with_policy {
+        head.insert(5, "policy");
+    }
     let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
     for r in rows {
         let mut c = vec![
@@ -178,6 +186,9 @@ pub fn render(rows: &[RunRow]) -> String {
             format!("{}/{}", r.valid, r.runs),
             if r.invariant_ok { "ok" } else { "VIOLATED" }.to_string(),
         ];
+        if with_policy {
+            c.insert(5, r.policy.clone());
+        }
         if with_mb {
             c.push(format!("{:.2}", r.goodput_gbps * 1e3 / 8.0));
             c.push(
@@ -250,6 +261,7 @@ pub fn from_csv(text: &str) -> anyhow::Result<Vec<RunRow>> {
             epns: num(2)? as u32,
             stf_size: f[3].clone(),
             rate_hz: num(4)?,
+            policy: String::new(), // not in table.csv (plots do not need it)
             runs: num(5)? as usize,
             issued: num(6)?,
             completed: num(7)?,
@@ -302,4 +314,50 @@ pub fn csv(rows: &[RunRow]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(label: &str, policy: &str) -> RunRow {
+        RunRow {
+            label: label.into(),
+            flps: 2,
+            epns: 6,
+            stf_size: "1MiB".into(),
+            rate_hz: 200.0,
+            policy: policy.into(),
+            runs: 1,
+            issued: 10.0,
+            completed: 10.0,
+            lost: 0.0,
+            loss_pct: 0.0,
+            incomplete: 0.0,
+            dropped: 0.0,
+            split: 0.0,
+            goodput_gbps: 1.0,
+            p50: 1.0,
+            p99: 1.0,
+            max: 1.0,
+            valid: 1,
+            invariant_ok: true,
+            published_loss_pct: None,
+            faults: None,
+            published_mb_s: None,
+        }
+    }
+
+    #[test]
+    fn the_policy_column_appears_when_policies_differ() {
+        let same = render(&[row("a", "reinit"), row("b", "reinit")]);
+        assert!(!same.contains("policy"), "{same}");
+        let both = render(&[row("a", "reinit"), row("b", "least-loaded")]);
+        let header = both.lines().next().unwrap();
+        assert!(header.contains("policy"), "{both}");
+        assert!(
+            both.contains("least-loaded") && both.contains("reinit"),
+            "{both}"
+        );
+    }
 }
