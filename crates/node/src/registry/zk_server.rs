@@ -356,8 +356,30 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// Removes the directories of servers whose owning process is gone (it was killed
+/// before it could clean up): `fanin-zk-<pid>-...` with no process `<pid>`.
+fn sweep_stale(base: &Path) {
+    let Ok(entries) = fs::read_dir(base) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("fanin-zk-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            fs::remove_dir_all(e.path()).ok();
+        }
+    }
+}
+
 fn make_temp_dir() -> anyhow::Result<PathBuf> {
     static N: AtomicU32 = AtomicU32::new(0);
+    sweep_stale(&std::env::temp_dir());
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
@@ -370,4 +392,24 @@ fn make_temp_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(name);
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_dirs_of_dead_owners_are_swept() {
+        let base = std::env::temp_dir().join(format!("fanin-sweep-{}", std::process::id()));
+        let mine = base.join(format!("fanin-zk-{}-0-1", std::process::id()));
+        let dead = base.join("fanin-zk-4194999-0-1"); // above any Linux pid
+        let other = base.join("something-else");
+        for d in [&mine, &dead, &other] {
+            fs::create_dir_all(d.join("data")).unwrap();
+        }
+        sweep_stale(&base);
+        assert!(mine.exists() && other.exists());
+        assert!(!dead.exists());
+        fs::remove_dir_all(&base).unwrap();
+    }
 }
