@@ -42,12 +42,7 @@ fn fanin_run_loses_nothing_and_accounts_for_every_tf() {
         stdout.contains("loss %") && stdout.contains("p99 ms") && stdout.contains("invariant"),
         "{stdout}"
     );
-    let run_dir = std::fs::read_dir(dir.path().join("results"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let run_dir = run_dir(&dir.path().join("results"));
     let s = read_summary(&run_dir);
     assert_eq!(u(&s, "issued"), 200);
     assert_eq!(u(&s, "completed"), 200, "{s}");
@@ -418,12 +413,7 @@ fn unthrottled_with_every_default_is_back_pressured_and_loses_nothing() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    let run_dir = std::fs::read_dir(dir.path().join("results"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let run_dir = run_dir(&dir.path().join("results"));
     let s = read_summary(&run_dir);
     assert!(u(&s, "issued") > 100, "{s}");
     assert_eq!(u(&s, "dropped"), 0, "{s}");

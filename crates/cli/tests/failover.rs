@@ -191,12 +191,7 @@ restart_after_s = 1.0
         assert!(f[4].parse::<f64>().is_ok(), "{node} not detected: {row}");
         assert!(f[5].parse::<f64>().is_ok(), "{node} did not rejoin: {row}");
     }
-    let results = std::fs::read_dir(dir.path().join("results"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let results = common::run_dir(&dir.path().join("results"));
     let s = common::read_summary(&results);
     assert_eq!(s["invariant_ok"], true);
     assert_eq!(

@@ -100,12 +100,7 @@ fn sigkill_of_the_launcher_takes_its_cluster_with_it() {
 fn sigterm_stops_the_run_and_leaves_nothing() {
     let (_dir, results, out) = stop_with(libc::SIGTERM);
     assert_eq!(out.status.code(), Some(130), "{out:?}");
-    let summary = std::fs::read_dir(&results)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let summary = run_dir(&results);
     assert!(summary.join("summary.json").exists());
 }
 
@@ -113,12 +108,7 @@ fn sigterm_stops_the_run_and_leaves_nothing() {
 fn sigint_still_writes_the_summary_and_the_table() {
     let (_dir, results, out) = stop_with(libc::SIGINT);
     assert_eq!(out.status.code(), Some(130), "{out:?}");
-    let root = std::fs::read_dir(&results)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let root = run_dir(&results);
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["interrupted"], true, "{s}");

@@ -6,7 +6,7 @@ use fanin_node::RunConfig;
 use fanin_sched::PolicyKind;
 
 /// Run parameters that can override the configuration file.
-#[derive(Args, Debug, Default, Clone)]
+#[derive(Args, Debug, Default, Clone, PartialEq)]
 pub struct RunOverrides {
     /// Number of FLPs.
     #[arg(long)]
@@ -47,7 +47,7 @@ pub struct RunOverrides {
 impl RunOverrides {
     /// Does the command line override anything?
     pub fn is_empty(&self) -> bool {
-        format!("{self:?}") == format!("{:?}", RunOverrides::default())
+        *self == RunOverrides::default()
     }
 
     pub fn apply(&self, c: &mut RunConfig) {

@@ -175,6 +175,16 @@ fn empty_stdout() -> ChildStdout {
     out
 }
 
+/// The directory `fanin run` made under `results` (a test's only run).
+pub fn run_dir(results: &Path) -> PathBuf {
+    std::fs::read_dir(results)
+        .unwrap_or_else(|e| panic!("{}: {e}", results.display()))
+        .next()
+        .expect("a run directory")
+        .unwrap()
+        .path()
+}
+
 pub fn read_summary(dir: &Path) -> serde_json::Value {
     let p = dir.join("summary.json");
     let t = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));

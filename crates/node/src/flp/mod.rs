@@ -248,9 +248,10 @@ impl Shell {
         ctl: &mpsc::Sender<Message>,
         conn_tx: &mpsc::Sender<Connected>,
     ) -> bool {
-        let mut inputs = vec![input];
+        let mut next = Some(input);
+        let mut failed = Vec::new(); // allocates only when a sender is gone
         let mut stopped = false;
-        while let Some(input) = inputs.pop() {
+        while let Some(input) = next.take().or_else(|| failed.pop()) {
             self.core.handle(input);
             while let Some(action) = self.core.poll_action() {
                 match action {
@@ -262,7 +263,7 @@ impl Shell {
                     }
                     Action::Queue(job) => {
                         if !self.queue(job) {
-                            inputs.push(Input::Sent { job, ok: false });
+                            failed.push(Input::Sent { job, ok: false });
                         }
                     }
                     Action::Connect(e) => self.connect_later(e, conn_tx),

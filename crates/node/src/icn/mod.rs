@@ -262,12 +262,13 @@ impl Shell {
 
     /// Feeds one input, then carries out every action; failed sends come back as inputs.
     fn feed(&mut self, input: Input) {
-        let mut inputs = VecDeque::from([input]);
-        while let Some(input) = inputs.pop_front() {
+        let mut next = Some(input);
+        let mut failed = VecDeque::new(); // allocates only when a send fails
+        while let Some(input) = next.take().or_else(|| failed.pop_front()) {
             self.core.handle(self.now(), input);
             while let Some(action) = self.core.poll_action() {
-                if let Some(failed) = self.act(action) {
-                    inputs.push_back(failed);
+                if let Some(f) = self.act(action) {
+                    failed.push_back(f);
                 }
             }
         }

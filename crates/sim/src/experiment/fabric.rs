@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::fabric::{run, FabricConfig, FabricRun};
 use anyhow::{bail, Context};
 use fanin_report::plot::{Chart, Line, Marker, Series};
-use toml::{Table, Value};
+use toml::Value;
 
 /// The four published columns of a thesis table, one value per 10 s sample.
 #[derive(Debug, Clone, Default)]
@@ -51,20 +51,13 @@ pub fn load(path: &Path) -> anyhow::Result<FabricExperiment> {
             "scenario",
         ],
     )?;
-    let name = doc
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("fabric")
-        .to_string();
+    let name = super::name_of(&doc, "fabric");
     let repetitions = match doc.get("repetitions") {
         None => 1,
         Some(Value::Integer(n)) if (1..=1000).contains(n) => *n as u32,
         Some(v) => bail!("experiment {origin}: repetitions = {v}: a whole number from 1 to 1000"),
     };
-    let base = match doc.get("fabric") {
-        Some(Value::Table(t)) => t.clone(),
-        _ => bail!("experiment {origin}: `fabric` must be a table"),
-    };
+    let base = super::base_table(&doc, "fabric", &origin)?;
     let rows = fanin_report::doc::rows_over(&doc, "scenario", &base, META, &origin)?;
     let mut scenarios = Vec::new();
     for r in rows {
@@ -309,50 +302,14 @@ pub fn run_file(
 /// policy in `crates/sched` (or `policies = [...]`), one table row each.
 pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::Result<()> {
     use crate::fabric::build::{run as build, BuildConfig};
-    use fanin_sched::PolicyKind;
-    let (doc, origin) = fanin_report::doc::read_doc(
-        path,
-        &["model", "name", "description", "policies", "build", "run"],
-    )?;
-    let name = doc.get("name").and_then(Value::as_str).unwrap_or("build");
-    let policies: Vec<PolicyKind> = match doc.get("policies") {
-        None => PolicyKind::ALL.to_vec(),
-        Some(v) => v
-            .as_array()
-            .context("policies must be an array of names")?
-            .iter()
-            .map(|p| {
-                p.as_str()
-                    .unwrap_or_default()
-                    .parse::<PolicyKind>()
-                    .map_err(|e| anyhow::anyhow!("experiment {origin}: policies: {e}"))
-            })
-            .collect::<anyhow::Result<_>>()?,
-    };
-    let base = match doc.get("build") {
-        Some(Value::Table(t)) => t.clone(),
-        _ => bail!("experiment {origin}: `build` must be a table"),
-    };
-    let rows: Vec<Table> = match doc.get("run") {
-        None => vec![Table::new()],
-        Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_table().cloned()).collect(),
-        Some(_) => bail!("experiment {origin}: `run` must be an array of tables ([[run]])"),
-    };
-    let label_of = |i: usize, row: &Table| {
-        row.get("label")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{}", i + 1))
-    };
-    anyhow::ensure!(
-        only.is_empty()
-            || rows
-                .iter()
-                .enumerate()
-                .any(|(i, r)| only.contains(&label_of(i, r))),
-        "--only {only:?}: no run has those labels"
-    );
-    let root = fanin_report::experiment_root(results, "sim", name)?;
+    let super::PolicyRows {
+        name,
+        origin,
+        policies,
+        mut rows,
+    } = super::policy_rows(path, "build")?;
+    super::keep_only(&mut rows, only, |r| &r.label)?;
+    let root = fanin_report::experiment_root(results, "sim", &name)?;
     println!(
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
         root.display()
@@ -375,21 +332,8 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
     .map(String::from)
     .to_vec()];
     let mut ok = true;
-    for (i, row) in rows.iter().enumerate() {
-        let label = row
-            .get("label")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-            .unwrap_or_else(|| format!("{}", i + 1));
-        if !only.is_empty() && !only.contains(&label) {
-            continue;
-        }
-        let mut t = base.clone();
-        for (k, v) in row {
-            if k != "label" {
-                t.insert(k.clone(), v.clone());
-            }
-        }
+    for row in rows {
+        let (label, t) = (row.label, row.merged);
         for &p in &policies {
             let mut cfg: BuildConfig = Value::Table(t.clone())
                 .try_into()

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use crate::flow::alice::{run, AliceConfig, AliceSummary};
-use anyhow::{bail, Context};
+use anyhow::Context;
 use fanin_sched::PolicyKind;
 use toml::Value;
 
@@ -22,33 +22,12 @@ pub struct AliceExperiment {
 }
 
 pub fn load(path: &Path) -> anyhow::Result<AliceExperiment> {
-    let (doc, origin) = fanin_report::doc::read_doc(
-        path,
-        &["model", "name", "description", "policies", "alice", "run"],
-    )?;
-    let name = doc
-        .get("name")
-        .and_then(Value::as_str)
-        .unwrap_or("alice")
-        .to_string();
-    let policies = match doc.get("policies") {
-        None => PolicyKind::ALL.to_vec(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .context("policies: names as strings")?
-                    .parse::<PolicyKind>()
-                    .map_err(|e| anyhow::anyhow!("experiment {origin}: policies: {e}"))
-            })
-            .collect::<anyhow::Result<_>>()?,
-        Some(_) => bail!("experiment {origin}: policies must be an array of names"),
-    };
-    let base = match doc.get("alice") {
-        Some(Value::Table(t)) => t.clone(),
-        _ => bail!("experiment {origin}: `alice` must be a table"),
-    };
-    let rows = fanin_report::doc::rows_over(&doc, "run", &base, &[], &origin)?;
+    let super::PolicyRows {
+        name,
+        origin,
+        policies,
+        rows,
+    } = super::policy_rows(path, "alice")?;
     let mut runs = Vec::new();
     for r in rows {
         let (label, t) = (r.label, r.merged);

@@ -54,6 +54,63 @@ impl Model {
     }
 }
 
+/// The experiment's `name`, or `default`.
+fn name_of(doc: &Table, default: &str) -> String {
+    doc.get("name")
+        .and_then(Value::as_str)
+        .unwrap_or(default)
+        .to_string()
+}
+
+/// The model's base table `[key]` (empty when absent).
+fn base_table(doc: &Table, key: &str, origin: &str) -> anyhow::Result<Table> {
+    match doc.get(key) {
+        None => Ok(Table::new()),
+        Some(Value::Table(t)) => Ok(t.clone()),
+        Some(_) => bail!("experiment {origin}: `{key}` must be a table"),
+    }
+}
+
+/// The policies every row runs with: `policies = [...]`, or every policy.
+fn policies(doc: &Table, origin: &str) -> anyhow::Result<Vec<fanin_sched::PolicyKind>> {
+    let Some(v) = doc.get("policies") else {
+        return Ok(fanin_sched::PolicyKind::ALL.to_vec());
+    };
+    let names = v
+        .as_array()
+        .with_context(|| format!("experiment {origin}: policies must be an array of names"))?;
+    names
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .with_context(|| format!("experiment {origin}: policies: names as strings"))?
+                .parse()
+                .map_err(|e| anyhow::anyhow!("experiment {origin}: policies: {e}"))
+        })
+        .collect()
+}
+
+/// A file whose `[[run]]` rows each run with every policy (`flow`, `build`): its name,
+/// origin (for messages), policies and rows merged over `[key]`.
+struct PolicyRows {
+    name: String,
+    origin: String,
+    policies: Vec<fanin_sched::PolicyKind>,
+    rows: Vec<fanin_report::doc::Row>,
+}
+
+fn policy_rows(path: &Path, key: &str) -> anyhow::Result<PolicyRows> {
+    let allowed = ["model", "name", "description", "policies", key, "run"];
+    let (doc, origin) = fanin_report::doc::read_doc(path, &allowed)?;
+    let base = base_table(&doc, key, &origin)?;
+    Ok(PolicyRows {
+        name: name_of(&doc, key),
+        policies: policies(&doc, &origin)?,
+        rows: fanin_report::doc::rows_over(&doc, "run", &base, &[], &origin)?,
+        origin,
+    })
+}
+
 /// Keeps the rows whose label is in `only` (all when empty); none left is an error.
 pub fn keep_only<T>(
     rows: &mut Vec<T>,

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use crate::world::NEVER;
 use crate::{SimConfig, SimSummary, Transport};
-use anyhow::{bail, Context};
+use anyhow::Context;
 use fanin_report::plot::{Chart, Line, Marker, Series};
-use toml::{Table, Value};
+use toml::Value;
 
 #[derive(Debug, Clone)]
 pub struct Run {
@@ -71,11 +71,7 @@ pub fn load(path: &Path) -> anyhow::Result<SimExperiment> {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "sim".into())
         });
-    let base = match doc.get("sim") {
-        None => Table::new(),
-        Some(Value::Table(t)) => t.clone(),
-        Some(_) => bail!("experiment {origin}: `sim` must be a table"),
-    };
+    let base = super::base_table(&doc, "sim", &origin)?;
     let rows = fanin_report::doc::rows_over(&doc, "run", &base, META, &origin)?;
     let mut runs = Vec::new();
     for r in rows {

@@ -115,9 +115,7 @@ impl IcnCore {
             return;
         };
         self.send(epn_conn, assign.clone());
-        for c in self.flps.values().copied().collect::<Vec<_>>() {
-            self.send(c, assign.clone());
-        }
+        self.send_to_flps(assign);
     }
 
     /// Gives waiting TFs an EPN, oldest first, while the policy finds one. TFs that
@@ -193,10 +191,7 @@ impl IcnCore {
         self.emit(Action::TfEnded(row.clone()));
         // FLPs kept the STFs of this TF for a re-send: they may free them now.
         if self.cfg.run.cfg.reassign && row.epn.is_some() {
-            let release = Message::Release { tf_id: row.tf_id };
-            for c in self.flps.values().copied().collect::<Vec<_>>() {
-                self.send(c, release.clone());
-            }
+            self.send_to_flps(Message::Release { tf_id: row.tf_id });
         }
     }
 }

@@ -337,6 +337,14 @@ impl IcnCore {
         }
     }
 
+    /// Sends to every FLP of the schedule (on every TF: no collection in between).
+    pub(crate) fn send_to_flps(&mut self, msg: Message) {
+        for &conn in self.flps.values() {
+            let msg = msg.clone();
+            self.outbox.push_back(Action::Send { conn, msg });
+        }
+    }
+
     /// Sends to a connection the core holds no peer for (a refused registration).
     pub(crate) fn send_raw(&mut self, conn: ConnId, msg: Message) {
         self.outbox.push_back(Action::Send { conn, msg });
