@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use fanin_lab::{bench, clock_run_id, experiment, orchestrate, plot, table, testbed, RunOverrides};
+use fanin_node::config::Registry;
 use fanin_node::registry::runtime::RegistryOpts;
 use fanin_node::{epn, flp, icn, RunConfig};
 use fanin_sched::parse_bytes;
@@ -56,10 +57,10 @@ enum Cmd {
 #[derive(Args)]
 struct IcnArgs {
     /// Control address FLPs and EPNs connect to.
-    #[arg(long, default_value = "0.0.0.0:7000")]
+    #[arg(long, default_value = "0.0.0.0:7000", value_parser = socket_addr)]
     control: SocketAddr,
     /// Serve Prometheus metrics here (e.g. 0.0.0.0:9100).
-    #[arg(long)]
+    #[arg(long, value_parser = socket_addr)]
     metrics: Option<SocketAddr>,
     /// Run configuration: an experiment file (its first configuration) or a config.toml.
     #[arg(long)]
@@ -75,12 +76,9 @@ struct IcnArgs {
     /// Run id (default: derived from the clock).
     #[arg(long)]
     run_id: Option<u64>,
-    /// ZooKeeper registry zk://HOST:PORT/PATH (default: the config's `registry`). The ICN
-    /// is elected there; a second ICN started with the same registry is a standby that
-    /// takes over when the leader's session ends.
-    #[arg(long)]
-    registry: Option<String>,
-    /// Wait as a standby: the same as any ICN with a registry, said out loud.
+    /// Wait as a standby (`--registry zk://HOST:PORT/PATH`: the ICN is elected there; a
+    /// second ICN started with the same registry is a standby that takes over when the
+    /// leader's session ends): the same as any ICN with a registry, said out loud.
     #[arg(long, requires = "registry")]
     standby: bool,
     /// Session time-out asked of ZooKeeper (default: the config's zk_session_timeout_ms).
@@ -91,7 +89,7 @@ struct IcnArgs {
 #[derive(Args)]
 struct NodeCommon {
     /// The ICN's control address (or find the elected ICN through --registry).
-    #[arg(long, required_unless_present = "registry")]
+    #[arg(long, required_unless_present = "registry", value_parser = socket_addr)]
     icn: Option<SocketAddr>,
     /// ZooKeeper registry zk://HOST:PORT/PATH: find the ICN there and register there.
     #[arg(long)]
@@ -106,7 +104,7 @@ struct NodeCommon {
     #[arg(long)]
     control_bind: Option<IpAddr>,
     /// Serve Prometheus metrics here.
-    #[arg(long)]
+    #[arg(long, value_parser = socket_addr)]
     metrics: Option<SocketAddr>,
     /// How long to keep trying to reach the ICN, in seconds.
     #[arg(long, default_value_t = 60.0)]
@@ -130,10 +128,10 @@ struct EpnArgs {
     #[command(flatten)]
     common: NodeCommon,
     /// Address FLPs connect to (data network).
-    #[arg(long, default_value = "0.0.0.0:0")]
+    #[arg(long, default_value = "0.0.0.0:0", value_parser = socket_addr)]
     data_bind: SocketAddr,
     /// Data address announced to FLPs, if not the bound one.
-    #[arg(long)]
+    #[arg(long, value_parser = socket_addr)]
     advertise: Option<SocketAddr>,
     /// Build buffer limit (bytes of STFs held for TFs in building).
     #[arg(long, default_value = "1GiB")]
@@ -151,6 +149,22 @@ fn node_registry(c: &NodeCommon) -> anyhow::Result<Option<RegistryOpts>> {
         .as_deref()
         .map(|u| RegistryOpts::parse(u, c.session_timeout_ms))
         .transpose()
+}
+
+/// `HOST:PORT` with HOST a name or an address; the first address it resolves to
+/// (IPv4 first, as the nodes bind IPv4).
+fn socket_addr(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| format!("{s}: not HOST:PORT ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{s}: resolves to no address"))
 }
 
 fn bytes_arg(field: &str, v: &str) -> anyhow::Result<u64> {
@@ -189,18 +203,18 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
                 Some(p) => experiment::load_run_config(p)?,
                 None => RunConfig::default(),
             };
-            a.overrides.apply(&mut cfg);
+            a.overrides.apply(&mut cfg)?;
             let run = cfg.check()?;
-            let url = a.registry.clone().or_else(|| match &cfg.registry {
-                fanin_node::config::Registry::Url(u) => Some(u.clone()),
-                _ => None,
-            });
-            let registry = match url {
-                Some(u) => Some(RegistryOpts::parse(
-                    &u,
+            let registry = match &cfg.registry {
+                Registry::Url(u) => Some(RegistryOpts::parse(
+                    u,
                     a.session_timeout_ms.unwrap_or(cfg.zk_session_timeout_ms),
                 )?),
-                None => None,
+                Registry::ZooKeeper => anyhow::bail!(
+                    "registry = \"zookeeper\" is for fanin run (it starts a private server); \
+                     give fanin icn --registry zk://HOST:PORT/PATH"
+                ),
+                Registry::Embedded => None,
             };
             if a.standby {
                 tracing::info!("ICN: started as a standby");

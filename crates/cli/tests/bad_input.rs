@@ -190,6 +190,25 @@ fn bad_configuration_values_name_their_field() {
         &["--registry"],
     );
     one_line_error(&["testbed", "up", "--name", "Bad Name"], &["testbed name"]);
+    one_line_error(
+        &["flp", "--icn", "nosuchhost.invalid:7000"],
+        &["nosuchhost.invalid"],
+    );
+    one_line_error(&["icn", "--lease-ms", "soon"], &["--lease-ms"]);
+    one_line_error(&["icn", "--reassign", "perhaps"], &["--reassign"]);
+    one_line_error(&["icn", "--registry", "zookeeper"], &["zk://"]);
+}
+
+#[test]
+fn host_names_are_accepted_wherever_addresses_are() {
+    // localhost resolves; nothing listens on port 1, so the FLP gives up naming the ICN.
+    let out = fanin()
+        .args(["flp", "--icn", "localhost:1", "--connect-timeout", "0.3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("ICN 127.0.0.1:1"), "{err}");
 }
 
 #[test]

@@ -151,7 +151,7 @@ fn load(a: &RunArgs) -> anyhow::Result<Experiment> {
         }
     }
     for c in &mut exp.configs {
-        a.overrides.apply(&mut c.run);
+        a.overrides.apply(&mut c.run)?;
         c.run
             .check()
             .with_context(|| format!("configuration {}", c.label))?;

@@ -61,6 +61,9 @@ pub struct RunConfig {
     pub drain_timeout_ms: Option<u64>,
     /// How long the ICN waits for all nodes to register and connect.
     pub prerun_timeout_s: f64,
+    /// A run that loses more than this percentage of its TFs is not `valid` (experiments
+    /// that measure loss, like the TDR's, set 100).
+    pub max_loss_pct: f64,
 }
 
 impl Default for RunConfig {
@@ -88,6 +91,7 @@ impl Default for RunConfig {
             seed: 1,
             drain_timeout_ms: None,
             prerun_timeout_s: 60.0,
+            max_loss_pct: 1.0,
         }
     }
 }
@@ -159,6 +163,9 @@ impl RunConfig {
         in_range("max_inflight", self.max_inflight, 1, 10_000_000, "")?;
         if !(self.prerun_timeout_s > 0.0 && self.prerun_timeout_s <= 3600.0) {
             return Err(field_err("prerun_timeout_s", "must be within (0, 3600]"));
+        }
+        if !(0.0..=100.0).contains(&self.max_loss_pct) {
+            return Err(field_err("max_loss_pct", "must be within [0, 100]"));
         }
         let (total_tfs, configured_duration) = self.length()?;
         Ok(Checked {

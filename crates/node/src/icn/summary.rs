@@ -124,16 +124,23 @@ fn invariant_ok(ledger: &Ledger, tally: &Tally) -> bool {
         && tally.ids == tally.completed + tally.incomplete + tally.dropped
 }
 
-/// Why a run is not valid: a broken invariant, or (paced) an achieved duration outside
-/// the TDR's +-1 % of the configured one.
+/// Why a run is not valid: a broken invariant, a loss over the configured bound, or
+/// (paced) an achieved duration outside the TDR's +-1 % of the configured one.
 fn invalid_reason(
     cfg: &Checked,
     invariant_ok: bool,
+    loss_pct: f64,
     duration_s: f64,
     configured: Option<f64>,
 ) -> Option<String> {
     if !invariant_ok {
         return Some("accounting invariant violated".to_string());
+    }
+    if loss_pct > cfg.cfg.max_loss_pct {
+        return Some(format!(
+            "loss {loss_pct:.2} % is over max_loss_pct {} %",
+            cfg.cfg.max_loss_pct
+        ));
     }
     match (cfg.paced(), configured) {
         (true, Some(c)) if (duration_s - c).abs() > 0.01 * c => Some(format!(
@@ -174,7 +181,12 @@ impl Summary {
         let lost = ledger.issued - ledger.completed;
         let invariant_ok = invariant_ok(ledger, tally);
         let configured = cfg.configured_duration.map(|d| d.as_secs_f64());
-        let invalid_reason = invalid_reason(cfg, invariant_ok, duration_s, configured);
+        let loss_pct = if ledger.issued == 0 {
+            0.0
+        } else {
+            100.0 * lost as f64 / ledger.issued as f64
+        };
+        let invalid_reason = invalid_reason(cfg, invariant_ok, loss_pct, duration_s, configured);
         let names = |m: &BTreeMap<fanin_proto::Reason, u64>| {
             m.iter()
                 .map(|(r, n)| (r.name().to_string(), *n))
@@ -192,11 +204,7 @@ impl Summary {
             incomplete,
             dropped,
             lost,
-            loss_pct: if ledger.issued == 0 {
-                0.0
-            } else {
-                100.0 * lost as f64 / ledger.issued as f64
-            },
+            loss_pct,
             incomplete_by_reason: names(&ledger.incomplete),
             dropped_by_reason: names(&ledger.dropped),
             split: sum_counter(&nodes, "events.split_tfs"),
@@ -352,11 +360,18 @@ mod tests {
     use fanin_proto::{Reason, TfStatus};
 
     fn paced_run(last_issue_us: u64) -> Summary {
+        lossy_run(last_issue_us, 0, 1.0)
+    }
+
+    /// 100 TFs at 100 Hz, the last issued at `last_issue_us`; the first `lost` end
+    /// incomplete.
+    fn lossy_run(last_issue_us: u64, lost: u64, max_loss_pct: f64) -> Summary {
         let cfg = RunConfig {
             rate_hz: 100.0,
             tfs: Some(100),
             duration_s: None,
             stf_size: "1KiB".into(),
+            max_loss_pct,
             ..RunConfig::default()
         }
         .check()
@@ -366,14 +381,35 @@ mod tests {
             // Evenly spaced up to `last_issue_us`.
             let t = last_issue_us * tf / 99;
             l.issue(tf, 0, t);
-            l.report(tf, 0, TfStatus::Complete, Reason::None, 1024, t + 500);
+            let (status, reason) = if tf < lost {
+                (TfStatus::Incomplete, Reason::BuildTimeout)
+            } else {
+                (TfStatus::Complete, Reason::None)
+            };
+            l.report(tf, 0, status, reason, 1024, t + 500);
         }
         let tally = Tally {
             ids: 100,
-            completed: 100,
+            completed: 100 - lost,
+            incomplete: lost,
             ..Tally::default()
         };
         Summary::build(1, &cfg, &l, &tally, 0.1, BTreeMap::new(), vec![])
+    }
+
+    #[test]
+    fn a_run_that_lost_more_than_its_bound_is_invalid_and_says_so() {
+        let s = lossy_run(990_000, 2, 1.0);
+        assert!(s.invariant_ok && !s.valid);
+        let why = s.invalid_reason.unwrap();
+        assert!(
+            why.contains("loss 2.00 % is over max_loss_pct 1 %"),
+            "{why}"
+        );
+        let s = lossy_run(990_000, 1, 1.0);
+        assert!(s.valid, "{:?}", s.invalid_reason);
+        let s = lossy_run(990_000, 98, 100.0);
+        assert!(s.valid, "a loss-measuring run: {:?}", s.invalid_reason);
     }
 
     #[test]
