@@ -23,8 +23,11 @@ use fanin_sched::parse_bytes;
 )]
 struct Cli {
     /// Tokio worker threads of this process (1 measured fastest on a 2-core machine).
-    #[arg(long, global = true, default_value_t = 1)]
-    threads: usize,
+    #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    threads: u16,
+    /// Check the command line and the files it names, run nothing ("ok: ..." on stdout).
+    #[arg(long, global = true)]
+    check: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -171,12 +174,66 @@ fn bytes_arg(field: &str, v: &str) -> anyhow::Result<u64> {
     parse_bytes(v).map_err(|e| anyhow::anyhow!("--{field}: {e}"))
 }
 
+/// At most a day: a longer wait is a mistake, and deadlines must not overflow.
 fn connect_timeout(secs: f64) -> anyhow::Result<Duration> {
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| anyhow::anyhow!("--connect-timeout: {secs} is not a duration in seconds"))
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d > Duration::ZERO && d <= Duration::from_secs(86_400) => Ok(d),
+        _ => anyhow::bail!("--connect-timeout: {secs} is not within (0, 86400] seconds"),
+    }
+}
+
+/// `fanin --check ...`: what the command would run, checked; nothing runs.
+fn check(cmd: Cmd) -> anyhow::Result<()> {
+    let what = match cmd {
+        Cmd::Run(a) => orchestrate::check(&a)?,
+        Cmd::Sim(a) => return sim::run(a, true),
+        Cmd::Icn(a) => {
+            let (cfg, _) = icn_config(&a)?;
+            format!("ICN of {} FLPs and {} EPNs", cfg.cfg.flps, cfg.cfg.epns)
+        }
+        Cmd::Flp(a) => {
+            bytes_arg("send-buffer", &a.send_buffer)?;
+            connect_timeout(a.common.connect_timeout)?;
+            "FLP".into()
+        }
+        Cmd::Epn(a) => {
+            bytes_arg("build-buffer", &a.build_buffer)?;
+            connect_timeout(a.common.connect_timeout)?;
+            "EPN".into()
+        }
+        Cmd::Plot { dir } => format!("plot of {}", dir.display()),
+        Cmd::Bench(_) | Cmd::Testbed(_) => "arguments".into(),
+    };
+    println!("ok: {what}");
+    Ok(())
+}
+
+/// The ICN's checked run configuration (file, then flags) and its registry.
+fn icn_config(a: &IcnArgs) -> anyhow::Result<(fanin_node::config::Checked, Option<RegistryOpts>)> {
+    let mut cfg = match &a.config {
+        Some(p) => experiment::load_run_config(p)?,
+        None => RunConfig::default(),
+    };
+    a.overrides.apply(&mut cfg)?;
+    let run = cfg.check()?;
+    let registry = match &cfg.registry {
+        Registry::Url(u) => Some(RegistryOpts::parse(
+            u,
+            a.session_timeout_ms.unwrap_or(cfg.zk_session_timeout_ms),
+        )?),
+        Registry::ZooKeeper => anyhow::bail!(
+            "registry = \"zookeeper\" is for fanin run (it starts a private server); \
+             give fanin icn --registry zk://HOST:PORT/PATH"
+        ),
+        Registry::Embedded => None,
+    };
+    Ok((run, registry))
 }
 
 async fn main_async(cli: Cli) -> anyhow::Result<()> {
+    if cli.check {
+        return check(cli.cmd);
+    }
     match cli.cmd {
         Cmd::Run(a) => match orchestrate::run(a).await? {
             orchestrate::Ended::Complete => Ok(()),
@@ -185,37 +242,11 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         },
         Cmd::Testbed(c) => testbed::run(c),
         Cmd::Plot { dir } => {
-            let csv = dir.join("table.csv");
-            let text = std::fs::read_to_string(&csv)
-                .with_context(|| format!("reading {}", csv.display()))?;
-            let rows = table::from_csv(&text)?;
-            let name = dir
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let title = format!("{name}: TF loss vs STF size, per FLP count");
-            std::fs::write(dir.join("loss.svg"), plot::loss_vs_size(&title, &rows))?;
-            println!("{}", dir.join("loss.svg").display());
+            println!("{}", plot::redraw(&dir)?.display());
             Ok(())
         }
         Cmd::Icn(a) => {
-            let mut cfg = match &a.config {
-                Some(p) => experiment::load_run_config(p)?,
-                None => RunConfig::default(),
-            };
-            a.overrides.apply(&mut cfg)?;
-            let run = cfg.check()?;
-            let registry = match &cfg.registry {
-                Registry::Url(u) => Some(RegistryOpts::parse(
-                    u,
-                    a.session_timeout_ms.unwrap_or(cfg.zk_session_timeout_ms),
-                )?),
-                Registry::ZooKeeper => anyhow::bail!(
-                    "registry = \"zookeeper\" is for fanin run (it starts a private server); \
-                     give fanin icn --registry zk://HOST:PORT/PATH"
-                ),
-                Registry::Embedded => None,
-            };
+            let (run, registry) = icn_config(&a)?;
             if a.standby {
                 tracing::info!("ICN: started as a standby");
             }
@@ -266,7 +297,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Cmd::Bench(b) => bench::run(b).await,
-        Cmd::Sim(a) => sim::run(a),
+        Cmd::Sim(a) => sim::run(a, false),
     }
 }
 
@@ -290,12 +321,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    if cli.threads == 0 {
-        eprintln!("error: --threads must be at least 1");
-        std::process::exit(2);
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli.threads)
+        .worker_threads(usize::from(cli.threads))
         .enable_all()
         .build()
         .context("starting the tokio runtime")

@@ -104,12 +104,49 @@ impl SimArgs {
     }
 }
 
-pub fn run(a: SimArgs) -> anyhow::Result<()> {
+impl SimArgs {
+    /// The flags given that the model does not read: each is refused, never ignored.
+    fn foreign_flags(&self, model: Model) -> Vec<&'static str> {
+        let packet_only = [
+            ("--transport", self.transport.is_some()),
+            ("--k", self.k.is_some()),
+            ("--bio", self.bio.is_some()),
+            ("--fragment-bytes", self.fragment_bytes.is_some()),
+            ("--fragment-size", self.fragment_size.is_some()),
+            ("--fragments-csv", self.fragments_csv),
+            ("--ber", self.ber.is_some()),
+            ("--min-rto-ms", self.min_rto_ms.is_some()),
+            ("--jitter-us", self.jitter_us.is_some()),
+        ];
+        let mut given: Vec<_> = match model {
+            Model::Packet => return Vec::new(),
+            _ => packet_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
+        };
+        if matches!(model, Model::Fabric | Model::Build) && self.duration.is_some() {
+            given.push("--duration");
+        }
+        if model == Model::Build && self.seed.is_some() {
+            given.push("--seed");
+        }
+        given
+    }
+}
+
+pub fn run(a: SimArgs, check: bool) -> anyhow::Result<()> {
     let model = match (&a.file, a.preset.as_deref()) {
         (Some(f), _) => model_of(f)?,
         (None, Some(p)) if p.starts_with("alice-") => Model::Flow,
         _ => Model::Packet,
     };
+    if let [flag, ..] = a.foreign_flags(model)[..] {
+        anyhow::bail!(
+            "{flag} does not apply to the {} model (packet-model flags: see fanin sim --help)",
+            model.name()
+        );
+    }
+    if check {
+        return check_only(&a, model);
+    }
     match (model, &a.file) {
         (Model::Fabric, Some(f)) => fabric::run_file(f, &a.results, &a.only, a.seed),
         (Model::Build, Some(f)) => fabric::run_build_file(f, &a.results, &a.only),
@@ -142,4 +179,23 @@ fn run_packet(a: &SimArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
     }
     packet::run_experiment(&exp, &a.results, a.fragments_csv)
+}
+
+/// `fanin --check sim ...`: loads and checks the file or preset, runs nothing.
+fn check_only(a: &SimArgs, model: Model) -> anyhow::Result<()> {
+    let rows = match &a.file {
+        Some(f) => fanin_sim::experiment::check(f, &a.only)?.1,
+        None if model == Model::Packet => {
+            let mut cfg = SimConfig {
+                preset: Some("antares-sector".into()),
+                ..SimConfig::default()
+            };
+            a.apply(&mut cfg);
+            cfg.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
+            1
+        }
+        None => 1,
+    };
+    println!("ok: {} model, {rows} row(s)", model.name());
+    Ok(())
 }

@@ -55,3 +55,25 @@ fn bench_throughput_prints_both_goodputs_and_their_ratio() {
     );
     assert_eq!(loss, 0.0, "{row}");
 }
+
+/// `fanin bench flow` is a speed benchmark: times and the counts that make them
+/// comparable, no tables, no results path that will not exist afterwards.
+#[test]
+fn bench_flow_prints_its_times_and_nothing_else() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = fanin()
+        .current_dir(root)
+        .args(["bench", "flow", "--seconds", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.lines().count() <= 6, "{stdout}");
+    assert!(!stdout.contains("results"), "{stdout}");
+    assert!(stdout.contains("same counts: true"), "{stdout}");
+    let fat = stdout
+        .lines()
+        .find(|l| l.starts_with("fat tree ("))
+        .expect(&stdout);
+    assert!(fat.contains("100 runs") && fat.ends_with("s wall"), "{fat}");
+}

@@ -67,6 +67,18 @@ fn fanin_run_loses_nothing_and_accounts_for_every_tf() {
     }
     let rows = tf_rows(&run_dir, 200);
     assert!(rows.iter().all(|r| r.1 == "complete"));
+    // summary.csv names its run as its directory is named.
+    let csv = std::fs::read_to_string(run_dir.join("summary.csv")).unwrap();
+    let name = run_dir.file_name().unwrap().to_string_lossy();
+    assert!(csv.starts_with("run,run_id,"), "{csv}");
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with(&format!("\"{name}\",")),
+        "{csv}"
+    );
+    assert_eq!(s["run"].as_str(), Some(&*name));
     // Every FLP and EPN sent its counters; the EPNs together built 400 STFs.
     let nodes = s["nodes"].as_object().unwrap();
     assert_eq!(nodes.len(), 5, "{nodes:?}");

@@ -26,6 +26,19 @@ pub enum Action {
     Goat,
 }
 
+impl Action {
+    pub const ALL: [Action; 3] = [Action::Kill, Action::Stop, Action::Goat];
+
+    /// As written in `action = "..."`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Kill => "kill",
+            Action::Stop => "stop",
+            Action::Goat => "goat",
+        }
+    }
+}
+
 /// One `[[fault]]` of an experiment file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -54,15 +54,14 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
     if reps == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let root = a.results.join(format!(
-        "{}-{}",
-        fanin_report::timestamp(),
-        fanin_report::sanitize(&exp.name)
-    ));
-    let net = match (&exp.testbed, a.local) {
-        (Some(p), false) => Some(OnTestbed::new(testbed::load(&p.name)?, p.clone())?),
-        _ => None,
+    let on_testbed = exp.testbed.as_ref().filter(|_| !a.local);
+    prerequisites(&exp, on_testbed.is_some(), a.iperf_seconds > 0)?;
+    let net = match on_testbed {
+        Some(p) => Some(OnTestbed::new(testbed::load(&p.name)?, p.clone())?),
+        None => None,
     };
+    // Made (or refused, naming the path) before anything runs.
+    let root = fanin_report::experiment_root(&a.results, "", &exp.name)?;
     println!(
         "fanin run: experiment {:?}: {} configuration(s) x {reps} repetition(s); results in {}",
         exp.name,
@@ -77,7 +76,6 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
         // What runs, after the command line's overrides (the description is the file's).
         println!("  configuration: {}", effective(&c.run));
     }
-    prerequisites(&exp, net.is_some() && a.iperf_seconds > 0)?;
     let capacity = match &net {
         Some(n) => describe_testbed(n, a.iperf_seconds)?,
         None => None,
@@ -105,10 +103,28 @@ pub async fn run(a: RunArgs) -> anyhow::Result<Ended> {
     Ok(Ended::Complete)
 }
 
+/// `fanin --check run ...`: the experiment loaded and every configuration checked after
+/// the command line's overrides; nothing runs and nothing is written.
+pub fn check(a: &RunArgs) -> anyhow::Result<String> {
+    let exp = load(a)?;
+    let reps = a.repetitions.unwrap_or(exp.repetitions);
+    anyhow::ensure!(reps > 0, "--repetitions must be at least 1");
+    Ok(format!(
+        "experiment {:?}: {} configuration(s) x {reps} repetition(s)",
+        exp.name,
+        exp.configs.len()
+    ))
+}
+
 /// What the sweep needs, checked once before its first run: a ZooKeeper when a
-/// configuration asks for a private one, iperf3 for a testbed's capacity reference.
-/// One line names what is missing and how to install it.
-fn prerequisites(exp: &Experiment, iperf: bool) -> anyhow::Result<()> {
+/// configuration asks for a private one; on a testbed, root and iproute2 (and iperf3
+/// for the capacity reference). One line names what is missing and how to install it.
+fn prerequisites(exp: &Experiment, on_testbed: bool, iperf: bool) -> anyhow::Result<()> {
+    if let (true, Some(t)) = (on_testbed, &exp.testbed) {
+        testbed::need_root(&format!("fanin run on testbed {:?}", t.name))
+            .map_err(|e| anyhow::anyhow!("{e} (or --local: on loopback)"))?;
+    }
+    let iperf = on_testbed && iperf;
     let zk = fanin_node::config::Registry::ZooKeeper;
     if exp.configs.iter().any(|c| c.run.registry == zk) {
         fanin_node::registry::zk_server::find_script()
@@ -307,15 +323,15 @@ fn write_table(
             &format!("capacity reference (iperf3, same testbed, same invocation): {m:.2} Mbit/s\n");
     }
     print!("{text}");
-    std::fs::create_dir_all(root)?;
-    std::fs::write(root.join("table.txt"), &text)?;
-    std::fs::write(root.join("table.csv"), table::csv(rows))?;
+    let write = fanin_node::icn::summary::write_atomic;
+    write(&root.join("table.txt"), &text)?;
+    write(&root.join("table.csv"), &table::csv(rows))?;
     let sizes: std::collections::BTreeSet<&str> =
         rows.iter().map(|r| r.stf_size.as_str()).collect();
     if sizes.len() > 1 {
         let title = format!("{}: TF loss vs STF size, per FLP count", exp.name);
         let svg = crate::plot::loss_vs_size(&title, rows);
-        std::fs::write(root.join("loss.svg"), svg)?;
+        write(&root.join("loss.svg"), &svg)?;
         println!("plot: {}", root.join("loss.svg").display());
     }
     println!("\nresults: {}", root.display());

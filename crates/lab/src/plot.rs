@@ -3,7 +3,46 @@
 
 use fanin_report::plot::{Chart, Line, Marker, Series};
 
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
 use crate::table::RunRow;
+
+/// `fanin plot DIR`: draws `loss.svg` again from a `fanin run` experiment's `table.csv`.
+/// A simulation's directory is named as such (`fanin sim` draws its own plots).
+pub fn redraw(dir: &Path) -> anyhow::Result<PathBuf> {
+    let csv = dir.join("table.csv");
+    if !csv.exists() {
+        let svgs: Vec<String> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".svg"))
+            .collect();
+        anyhow::ensure!(
+            svgs.is_empty(),
+            "{} has no table.csv: it is not a fanin run experiment; its plots ({}) are \
+             drawn by whatever made it (fanin sim draws its own)",
+            dir.display(),
+            svgs.join(", ")
+        );
+        anyhow::bail!(
+            "{}: no table.csv (give a fanin run experiment's results directory)",
+            dir.display()
+        );
+    }
+    let text =
+        std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?;
+    let rows = crate::table::from_csv(&text)?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let title = format!("{name}: TF loss vs STF size, per FLP count");
+    let out = dir.join("loss.svg");
+    fanin_node::icn::summary::write_atomic(&out, &loss_vs_size(&title, &rows))?;
+    Ok(out)
+}
 
 /// Loss (%) vs STF size, one series per FLP count and rate. The x axis is the load the
 /// size offers (FLPs x size x rate, Mbit/s), so series of different FLP counts line up

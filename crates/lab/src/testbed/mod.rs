@@ -110,7 +110,7 @@ pub fn run(cmd: TestbedCmd) -> anyhow::Result<()> {
         TestbedCmd::Up(a) => up(a),
         TestbedCmd::Down(a) => {
             let name = a.resolve()?;
-            need_root("down")?;
+            need_root("fanin testbed down")?;
             let n = down(&name)?;
             println!("testbed {name}: removed {n} namespace(s)");
             Ok(())
@@ -120,20 +120,36 @@ pub fn run(cmd: TestbedCmd) -> anyhow::Result<()> {
     }
 }
 
-fn need_root(what: &str) -> anyhow::Result<()> {
+/// Root and iproute2, which every testbed command (and a run on a testbed) needs.
+pub fn need_root(what: &str) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     if euid != 0 {
         bail!(
-            "fanin testbed {what} needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN to create network namespaces); run it as root, e.g. `sudo fanin testbed {what}`"
+            "{what} needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN for network namespaces): run it as root"
         );
     }
     for tool in ["ip", "tc"] {
         if which(tool).is_none() {
-            bail!("fanin testbed {what} needs `{tool}` (Debian package iproute2)");
+            bail!("{what} needs `{tool}`: apt-get install -y iproute2");
         }
     }
     Ok(())
+}
+
+/// Does the kernel say it has no netem? Only a definite "not set" in /proc/config.gz
+/// counts; without the file, `tc` itself will say.
+fn netem_missing() -> bool {
+    let Ok(out) = Command::new("sh")
+        .args([
+            "-c",
+            "zcat /proc/config.gz 2>/dev/null | grep -c '^# CONFIG_NET_SCH_NETEM is not set'",
+        ])
+        .output()
+    else {
+        return false;
+    };
+    String::from_utf8_lossy(&out.stdout).trim() == "1"
 }
 
 /// A tool on PATH (or in /usr/sbin, /sbin).
@@ -203,7 +219,11 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         _ => {}
     }
     s.check()?;
-    need_root("up")?;
+    need_root("fanin testbed up")?;
+    let delay = s.data.delay_us > 0 || s.aux.is_some_and(|a| a.delay_us > 0);
+    if delay && netem_missing() {
+        bail!("--delay needs the kernel's netem qdisc (CONFIG_NET_SCH_NETEM), which this kernel lacks (/proc/config.gz); use a kernel with sch_netem, or no --delay");
+    }
     if !existing(&s.name)?.is_empty() {
         bail!(
             "testbed {:?} is already up (see `fanin testbed status --name {0}`); run `fanin testbed down --name {0}` first",

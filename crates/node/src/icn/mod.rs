@@ -339,10 +339,11 @@ impl Shell {
         if let Some(csv) = self.tfs_csv.take() {
             csv.finish()?;
         }
+        // The counts reach the log even when the results directory is gone.
+        log_counts(&summary);
         if let Some(dir) = &opts.results_dir {
             summary.write(dir)?;
         }
-        log_counts(&summary);
         Ok(summary)
     }
 }

@@ -91,6 +91,10 @@ pub struct Summary {
     /// far it got.
     #[serde(default)]
     pub interrupted: bool,
+    /// The name of the results directory the summary is written in (the run's name in
+    /// `fanin run`'s sweeps: `c01-r01`, or the experiment's directory for a single run).
+    #[serde(default)]
+    pub run: String,
 }
 
 /// The ICN's own count of what it did, kept apart from the ledger: TF ids handed out
@@ -240,14 +244,16 @@ impl Summary {
             policy_resets: 0,
             run_start_unix_us: 0,
             interrupted: false,
+            run: String::new(),
         }
     }
 
-    pub const CSV_HEADER: &'static str = "run_id,flps,epns,rate_hz,stf_size,policy,issued,completed,incomplete,dropped,lost,loss_pct,split,duplicate_stfs,crc_errors,goodput_gbps,duration_s,rate_hz_achieved,latency_p50_ms,latency_p99_ms,latency_max_ms,prerun_s,invariant_ok,valid";
+    pub const CSV_HEADER: &'static str = "run,run_id,flps,epns,rate_hz,stf_size,policy,issued,completed,incomplete,dropped,lost,loss_pct,split,duplicate_stfs,crc_errors,goodput_gbps,duration_s,rate_hz_achieved,latency_p50_ms,latency_p99_ms,latency_max_ms,prerun_s,invariant_ok,valid";
 
     pub fn csv_row(&self) -> String {
         format!(
-            "{},{},{},{},\"{}\",{},{},{},{},{},{},{:.4},{},{},{},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3},{:.3},{},{}",
+            "\"{}\",{},{},{},{},\"{}\",{},{},{},{},{},{},{:.4},{},{},{},{:.4},{:.4},{:.3},{:.3},{:.3},{:.3},{:.3},{},{}",
+            self.run.replace('"', "'"),
             self.run_id,
             self.flps,
             self.epns,
@@ -275,17 +281,27 @@ impl Summary {
         )
     }
 
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        std::fs::write(
-            dir.join("summary.json"),
-            serde_json::to_string_pretty(self)? + "\n",
-        )?;
-        std::fs::write(
-            dir.join("summary.csv"),
-            format!("{}\n{}\n", Self::CSV_HEADER, self.csv_row()),
-        )?;
-        Ok(())
+    /// `summary.json` and `summary.csv` in `dir`, each written whole or not at all (a
+    /// temporary file renamed into place); `run` becomes the directory's name.
+    pub fn write(&mut self, dir: &Path) -> anyhow::Result<()> {
+        self.run = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let json = serde_json::to_string_pretty(self)? + "\n";
+        write_atomic(&dir.join("summary.json"), &json)?;
+        let csv = format!("{}\n{}\n", Self::CSV_HEADER, self.csv_row());
+        write_atomic(&dir.join("summary.csv"), &csv)
     }
+}
+
+/// Writes `path` through a temporary file beside it and a rename: readers see the old
+/// file or the whole new one. The error names the path.
+pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
 /// Streams one row per ended TF to `tfs.csv` (memory stays flat however long the run).

@@ -216,6 +216,34 @@ pub fn chart(title: &str, metric: usize, rows: &[(&Scenario, &Mean)]) -> String 
     .svg()
 }
 
+/// The runs of one scenario, seeds `base..base + repetitions` (default base: its own).
+fn simulate(
+    sc: &Scenario,
+    repetitions: u32,
+    base: Option<u64>,
+) -> anyhow::Result<Vec<(FabricConfig, FabricRun)>> {
+    let base = base.unwrap_or(sc.cfg.seed);
+    (0..repetitions)
+        .map(|r| {
+            let mut cfg = sc.cfg.clone();
+            cfg.seed = base + r as u64;
+            let out = run(&cfg).map_err(|e| anyhow::anyhow!("scenario {}: {e}", sc.label))?;
+            Ok((cfg, out))
+        })
+        .collect()
+}
+
+/// Every scenario of the file, nothing written or printed (`fanin bench flow`): the
+/// number of runs.
+pub fn simulate_file(path: &Path) -> anyhow::Result<usize> {
+    let exp = load(path)?;
+    let mut n = 0;
+    for sc in &exp.scenarios {
+        n += simulate(sc, exp.repetitions, None)?.len();
+    }
+    Ok(n)
+}
+
 /// Runs the experiment: every scenario for seeds base..base+repetitions.
 pub fn run_file(
     path: &Path,
@@ -240,12 +268,8 @@ pub fn run_file(
         let dir = root.join(fanin_report::sanitize(&sc.label));
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("config.toml"), toml::to_string(&sc.cfg)?)?;
-        let base = seed.unwrap_or(sc.cfg.seed);
         let mut runs = Vec::new();
-        for r in 0..exp.repetitions {
-            let mut cfg = sc.cfg.clone();
-            cfg.seed = base + r as u64;
-            let out = run(&cfg).map_err(|e| anyhow::anyhow!("scenario {}: {e}", sc.label))?;
+        for (cfg, out) in simulate(sc, exp.repetitions, seed)? {
             std::fs::write(dir.join(format!("seed-{:02}.csv", cfg.seed)), out.csv())?;
             runs.push(out);
         }

@@ -125,6 +125,41 @@ pub fn keep_only<T>(
     Ok(())
 }
 
+/// Loads a simulation file and its `--only` rows, checking what it can without running
+/// anything (`fanin --check sim FILE`): its model and the number of table rows.
+pub fn check(path: &Path, only: &[String]) -> anyhow::Result<(Model, usize)> {
+    let model = model_of(path)?;
+    let rows = match model {
+        Model::Packet => {
+            let mut e = packet::load(path)?;
+            keep_only(&mut e.runs, only, |r| &r.label)?;
+            for r in &e.runs {
+                r.cfg
+                    .clone()
+                    .resolve()
+                    .map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
+            }
+            e.runs.len()
+        }
+        Model::Flow => {
+            let mut e = flow::load(path)?;
+            keep_only(&mut e.runs, only, |r| &r.label)?;
+            e.runs.len() * e.policies.len()
+        }
+        Model::Fabric => {
+            let mut e = fabric::load(path)?;
+            keep_only(&mut e.scenarios, only, |s| &s.label)?;
+            e.scenarios.len()
+        }
+        Model::Build => {
+            let mut r = policy_rows(path, "build")?;
+            keep_only(&mut r.rows, only, |r| &r.label)?;
+            r.rows.len() * r.policies.len()
+        }
+    };
+    Ok((model, rows))
+}
+
 /// Which model the file at `path` is for: its `model` key, or its one model table.
 pub fn model_of(path: &Path) -> anyhow::Result<Model> {
     let text = std::fs::read_to_string(path)
