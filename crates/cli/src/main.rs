@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use fanin_lab::{bench, clock_run_id, experiment, orchestrate, plot, table, testbed, RunOverrides};
+use fanin_node::auth::Secret;
 use fanin_node::config::Registry;
 use fanin_node::registry::runtime::RegistryOpts;
 use fanin_node::{epn, flp, icn, RunConfig};
@@ -87,6 +88,10 @@ struct IcnArgs {
     /// Session time-out asked of ZooKeeper (default: the config's zk_session_timeout_ms).
     #[arg(long)]
     session_timeout_ms: Option<u64>,
+    /// The run secret every FLP and EPN must prove (default: $FANIN_SECRET; none: anyone
+    /// who reaches the port can join). See docs/security.md.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -112,6 +117,9 @@ struct NodeCommon {
     /// How long to keep trying to reach the ICN, in seconds.
     #[arg(long, default_value_t = 60.0)]
     connect_timeout: f64,
+    /// The run secret this node proves (default: $FANIN_SECRET). See docs/security.md.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -189,14 +197,17 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Sim(a) => return sim::run(a, true),
         Cmd::Icn(a) => {
             let (cfg, _) = icn_config(&a)?;
+            Secret::load(a.secret_file.as_deref())?;
             format!("ICN of {} FLPs and {} EPNs", cfg.cfg.flps, cfg.cfg.epns)
         }
         Cmd::Flp(a) => {
+            Secret::load(a.common.secret_file.as_deref())?;
             bytes_arg("send-buffer", &a.send_buffer)?;
             connect_timeout(a.common.connect_timeout)?;
             "FLP".into()
         }
         Cmd::Epn(a) => {
+            Secret::load(a.common.secret_file.as_deref())?;
             bytes_arg("build-buffer", &a.build_buffer)?;
             connect_timeout(a.common.connect_timeout)?;
             "EPN".into()
@@ -250,7 +261,9 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             if a.standby {
                 tracing::info!("ICN: started as a standby");
             }
+            let secret = Secret::load(a.secret_file.as_deref())?;
             let summary = icn::run(icn::IcnOptions {
+                secret,
                 registry,
                 run,
                 control_bind: a.control,
@@ -268,6 +281,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Flp(a) => {
             flp::run(flp::FlpOptions {
+                secret: Secret::load(a.common.secret_file.as_deref())?,
                 registry: node_registry(&a.common)?,
                 icn: a.common.icn,
                 id: a.common.id,
@@ -282,6 +296,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         Cmd::Epn(a) => {
             anyhow::ensure!(a.max_building > 0, "--max-building must be at least 1");
             epn::run(epn::EpnOptions {
+                secret: Secret::load(a.common.secret_file.as_deref())?,
                 registry: node_registry(&a.common)?,
                 icn: a.common.icn,
                 id: a.common.id,

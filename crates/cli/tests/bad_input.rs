@@ -7,6 +7,9 @@ use common::*;
 use std::io::Write;
 use std::net::TcpStream;
 
+use fanin_node::auth::Secret;
+use fanin_proto::{Message, Nonce, Register, RejectCode, Role, VERSION};
+
 const BASE: &str = r#"
 build_timeout_ms = 10000
 drain_timeout_ms = 30000
@@ -17,6 +20,14 @@ fn send(addr: std::net::SocketAddr, bytes: &[u8]) {
     s.write_all(bytes).unwrap();
     // Leave the socket open briefly so the node reads the bytes, then close.
     std::thread::sleep(std::time::Duration::from_millis(50));
+}
+
+/// The listener's first frame: a Challenge; its nonce.
+fn read_challenge(c: &mut TcpStream) -> Nonce {
+    let mut b = [0u8; 12 + 16];
+    std::io::Read::read_exact(c, &mut b).expect("a Challenge frame");
+    assert_eq!((&b[..4], b[5]), (&b"FNIN"[..], 20), "a Challenge frame");
+    b[12..].try_into().unwrap()
 }
 
 fn frame(version: u8, msg_type: u8, body: &[u8]) -> Vec<u8> {
@@ -52,8 +63,8 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
     // To the ICN: not fanin at all, a wrong version, an oversized length, a truncated frame.
     send(icn.control, b"GET / HTTP/1.0\r\n\r\n");
     send(icn.control, &frame(9, 1, &[1, 0, 0, 0, 0, 0, 0, 0]));
-    send(icn.control, &frame(1, 1, &[])[..8]);
-    let mut huge = frame(1, 1, &[]);
+    send(icn.control, &frame(VERSION, 1, &[])[..8]);
+    let mut huge = frame(VERSION, 1, &[]);
     huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
     send(icn.control, &huge);
     // An FLP id the run does not have.
@@ -71,7 +82,7 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
     );
     send(
         format!("127.0.0.1:{data_port}").parse().unwrap(),
-        &frame(1, 9, &[0; 33]),
+        &frame(VERSION, 9, &[0; 33]),
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
     let m = scrape(icn.metrics);
@@ -88,17 +99,26 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
         "{m}"
     );
 
-    // A raw client registering an unknown FLP id gets a Reject, then the ICN closes.
+    // A raw client registering an unknown FLP id (with the run's secret: none) gets a
+    // Reject, then the ICN closes.
     {
         let mut c = TcpStream::connect(icn.control).unwrap();
         c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
             .unwrap();
-        c.write_all(&frame(1, 1, &[1, 1, 7, 0, 0, 0, 0, 0]))
-            .unwrap();
+        let nonce = read_challenge(&mut c);
+        let mut reg = Register {
+            role: Role::Flp,
+            node_id: Some(7),
+            data_addr: String::new(),
+            proof: [0; 32],
+        };
+        reg.proof = Secret::default().prove_register(&nonce, &reg);
+        c.write_all(&Message::Register(reg).encode()).unwrap();
         let mut got = Vec::new();
         std::io::Read::read_to_end(&mut c, &mut got).expect("the ICN closes the connection");
         assert_eq!(&got[..4], b"FNIN");
         assert_eq!(got[5], 3, "a Reject frame");
+        assert_eq!(got[12], RejectCode::UnknownId as u8);
         assert!(String::from_utf8_lossy(&got).contains("unknown FLP id 7"));
     }
 
@@ -197,6 +217,22 @@ fn bad_configuration_values_name_their_field() {
     one_line_error(&["icn", "--lease-ms", "soon"], &["--lease-ms"]);
     one_line_error(&["icn", "--reassign", "perhaps"], &["--reassign"]);
     one_line_error(&["icn", "--registry", "zookeeper"], &["zk://"]);
+    one_line_error(
+        &["icn", "--results-dir", "/etc/passwd/r"],
+        &["results directory /etc/passwd/r"],
+    );
+    one_line_error(&["icn", "--rate", "-3"], &["rate_hz"]);
+    one_line_error(&["icn", "--flps", "-3"], &["--flps"]);
+    one_line_error(
+        &[
+            "epn",
+            "--icn",
+            "127.0.0.1:1",
+            "--secret-file",
+            "/nonexistent",
+        ],
+        &["--secret-file"],
+    );
     // A results directory that cannot be made: refused before anything runs.
     one_line_error(
         &["run", "--results", "/etc/passwd/x", "--tfs", "10"],
@@ -299,4 +335,48 @@ fn a_missing_zookeeper_is_named_once_before_any_run() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains("[1/"), "no run started: {stdout}");
+}
+
+/// The results directory vanishing mid-run loses nothing: the ICN prints the summary on
+/// stdout, names the failure and exits non-zero.
+#[test]
+fn a_results_directory_removed_mid_run_still_gives_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut icn = start_icn(
+        dir.path(),
+        &format!("flps = 1\nepns = 1\nrate_hz = 100\ntfs = 100\nstf_size = \"4KiB\"\n{BASE}"),
+        "127.0.0.1:0",
+    );
+    let mut nodes = vec![
+        spawn_epn(dir.path(), icn.control, 0, &[]),
+        spawn_flp(dir.path(), icn.control, 0),
+    ];
+    icn.wait_issued(10);
+    std::fs::remove_dir_all(&icn.results).unwrap();
+    let summary = icn
+        .lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find_map(|l| l.strip_prefix("SUMMARY ").map(str::to_string))
+        .expect("a SUMMARY line on stdout");
+    let s: serde_json::Value = serde_json::from_str(&summary).unwrap();
+    assert_eq!(u(&s, "issued"), 100, "{s}");
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    assert!(
+        !icn.proc.wait(30).success(),
+        "the exit says the results were not written"
+    );
+    let log = std::fs::read_to_string(dir.path().join("icn.log")).unwrap();
+    let last = log.lines().last().unwrap();
+    assert!(
+        last.starts_with("error: ") && last.contains("summary.json"),
+        "{last}"
+    );
+    assert!(
+        log.contains("completed=100"),
+        "the counts are in the log: {log}"
+    );
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
 }

@@ -431,4 +431,14 @@ fn unthrottled_with_every_default_is_back_pressured_and_loses_nothing() {
     assert_eq!(u(&s, "dropped"), 0, "{s}");
     assert_eq!(u(&s, "lost"), 0, "{s}");
     assert_eq!(s["invariant_ok"], true);
+    assert_eq!(s["valid"], true, "{s}");
+    // The rate it sustained is what an unthrottled run measures.
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("unthrottled: sustained"))
+        .unwrap_or_else(|| panic!("no sustained rate in {stdout}"));
+    assert!(
+        line.contains(&format!("{} TFs issued", u(&s, "issued"))),
+        "{line}"
+    );
 }

@@ -278,6 +278,13 @@ impl Sweep<'_> {
             s.valid,
             s.invalid_reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default()
         );
+        if c.run.rate_hz == 0.0 {
+            // Unthrottled: the rate it sustained is the measurement.
+            println!(
+                "{prefix}: unthrottled: sustained {:.1} TF/s ({} TFs issued in {:.2} s)",
+                s.rate_hz_achieved, s.issued, s.duration_s
+            );
+        }
         if s.interrupted {
             println!("{prefix}: interrupted");
         }

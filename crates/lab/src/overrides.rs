@@ -104,6 +104,7 @@ impl clap::Args for RunOverrides {
             let mut arg = Arg::new(key.clone())
                 .long(flag_name(&key))
                 .value_name("VALUE")
+                .allow_negative_numbers(true)
                 .help(help(&key, &default))
                 .help_heading("Run parameters (override the file's [run])");
             if let Some((_, alias)) = ALIASES.iter().find(|(k, _)| *k == key) {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fanin_proto::{DecodeError, FrameHeader, Message, HEADER_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -100,7 +100,7 @@ pub async fn read_frame_within<R: AsyncRead + Unpin>(
         .map_err(|_| ConnError::Timeout(limit))?
 }
 
-pub async fn write_msg(s: &mut TcpStream, m: &Message) -> Result<(), ConnError> {
+pub async fn write_msg<W: AsyncWrite + Unpin>(s: &mut W, m: &Message) -> Result<(), ConnError> {
     s.write_all(&m.encode()).await?;
     Ok(())
 }

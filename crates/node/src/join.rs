@@ -5,13 +5,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::bail;
-use fanin_proto::{Message, NodeStats, Register, Role, MAX_CONTROL_BODY};
+use fanin_proto::{Message, NodeStats, Register, RejectCode, Role, MAX_CONTROL_BODY};
 use tokio::io::BufReader;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use crate::auth::Secret;
 use crate::conn::{connect_retry, read_frame_within, spawn_writer, write_msg, ConnError};
 use crate::metrics::Metrics;
 
@@ -30,18 +31,22 @@ where
 {
     let mut rejoins = 0;
     let mut since = tokio::time::Instant::now();
+    let mut backoff = BACKOFF_MIN;
     loop {
         match once(rejoins > 0).await {
             Ok(()) => return Ok(()),
             Err(NodeError::LostIcn(e)) if rejoins < MAX_REJOINS => {
                 rejoins += 1;
                 since = tokio::time::Instant::now();
+                backoff = BACKOFF_MIN;
                 metrics.error("rejoin");
                 tracing::warn!("{e}; joining again");
             }
             Err(NodeError::IcnUnreachable(e)) if since.elapsed() < connect_timeout => {
-                tracing::info!("{e}; trying again");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                tracing::info!("{e}; trying again in {} ms", backoff.as_millis());
+                metrics.error("join_retry");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
             }
             Err(e) => return Err(e.into()),
         }
@@ -93,36 +98,83 @@ pub struct Joined {
     pub writer: JoinHandle<()>,
 }
 
-/// Connects to the ICN and registers. `data_addr` is computed from the connected
-/// control socket (an EPN bound to 0.0.0.0 announces the address it reaches the ICN from).
+/// How long a listener may take to send its Challenge, and the ICN its answer.
+pub const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Why a join failed: the ICN refused (permanently or not), or anything on the way.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("ICN {icn} refused this {role}: {reason}")]
+    Refused {
+        icn: SocketAddr,
+        role: &'static str,
+        code: RejectCode,
+        reason: String,
+    },
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+impl JoinError {
+    /// Will trying again help? Only a refusal that says so is final.
+    pub fn transient(&self) -> bool {
+        match self {
+            JoinError::Refused { code, .. } => code.transient(),
+            JoinError::Other(_) => true,
+        }
+    }
+}
+
+/// Connects to the ICN, answers its challenge and registers. `data_addr` is computed
+/// from the connected control socket (an EPN bound to 0.0.0.0 announces the address it
+/// reaches the ICN from).
 pub async fn join(
-    role: Role,
+    spec: &JoinSpec<'_>,
     icn: SocketAddr,
-    control_bind: Option<IpAddr>,
     id: Option<u32>,
     connect_timeout: Duration,
     data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
-) -> anyhow::Result<Joined> {
+) -> Result<Joined, JoinError> {
+    let role = spec.role;
     let what = format!("{} control connection to ICN", role.name());
-    let mut ctl = connect_retry(icn, control_bind, connect_timeout, &what).await?;
+    let ctl = connect_retry(icn, spec.control_bind, connect_timeout, &what).await?;
     let data_addr = data_addr(&ctl)?;
-    let local = ctl.local_addr()?;
-    let reg = Register {
+    let local = ctl.local_addr().map_err(anyhow::Error::from)?;
+    let (rd, mut wr) = ctl.into_split();
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let nonce = match read_frame_within(&mut rd, MAX_CONTROL_BODY, HANDSHAKE_WITHIN).await {
+        Ok(Some(Message::Challenge { nonce })) => nonce,
+        Ok(other) => {
+            return Err(anyhow::anyhow!("ICN {icn}: expected Challenge, got {other:?}").into())
+        }
+        Err(e) => return Err(anyhow::anyhow!("ICN {icn}: {e}").into()),
+    };
+    let mut reg = Register {
         role,
         node_id: id,
         data_addr,
+        proof: [0; 32],
     };
-    write_msg(&mut ctl, &Message::Register(reg)).await?;
-    let (rd, wr) = ctl.into_split();
-    let mut rd = BufReader::with_capacity(64 * 1024, rd);
-    let (me, run_id) =
-        match read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await? {
-            Some(Message::RegisterAck { node_id, run_id }) => (node_id, run_id),
-            Some(Message::Reject { reason }) => {
-                bail!("ICN {icn} refused this {}: {reason}", role.name())
-            }
-            other => bail!("ICN {icn}: expected RegisterAck, got {other:?}"),
-        };
+    reg.proof = spec.secret.prove_register(&nonce, &reg);
+    write_msg(&mut wr, &Message::Register(reg))
+        .await
+        .map_err(|e| anyhow::anyhow!("ICN {icn}: {e}"))?;
+    let answer = read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await;
+    let (me, run_id) = match answer {
+        Ok(Some(Message::RegisterAck { node_id, run_id })) => (node_id, run_id),
+        Ok(Some(Message::Reject { code, reason })) => {
+            return Err(JoinError::Refused {
+                icn,
+                role: role.name(),
+                code,
+                reason,
+            })
+        }
+        Ok(other) => {
+            return Err(anyhow::anyhow!("ICN {icn}: expected RegisterAck, got {other:?}").into())
+        }
+        Err(e) => return Err(anyhow::anyhow!("ICN {icn}: {e}").into()),
+    };
     let (ctl, writer) = spawn_writer(wr, format!("ICN {icn}"));
     Ok(Joined {
         me,
@@ -141,15 +193,16 @@ pub struct JoinSpec<'a> {
     pub registry: Option<&'a crate::registry::ZkRegistry>,
     pub control_bind: Option<IpAddr>,
     pub connect_timeout: Duration,
+    pub secret: &'a Secret,
 }
 
 /// One incarnation's way in: find the ICN, connect and register (under the id of the
-/// previous incarnation, if any), keep the id, and register in the registry. With a
-/// registry, or when rejoining, a failure is `IcnUnreachable`: the caller tries again.
+/// previous incarnation, if any), keep the id, and register in the registry. Every
+/// failure but a final refusal is `IcnUnreachable`: the caller tries again (first join
+/// and rejoin alike) within the connect time-out.
 pub async fn join_run(
     spec: &JoinSpec<'_>,
     id: &std::cell::Cell<Option<u32>>,
-    rejoining: bool,
     data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
 ) -> Result<(SocketAddr, Joined), NodeError> {
     let reg = spec.registry;
@@ -158,24 +211,12 @@ pub async fn join_run(
         Some(_) => REGISTRY_CONNECT_ATTEMPT.min(spec.connect_timeout),
         None => spec.connect_timeout,
     };
-    let joined = join(
-        spec.role,
-        icn,
-        spec.control_bind,
-        id.get(),
-        attempt,
-        data_addr,
-    )
-    .await
-    .map_err(|e| {
-        // The registry may name a new ICN by now, or (rejoining) the ICN has not
-        // seen this node's old connection close yet: let the caller try again.
-        if reg.is_some() || rejoining {
-            NodeError::IcnUnreachable(format!("{e:#}"))
-        } else {
-            NodeError::Fatal(e)
-        }
-    })?;
+    let joined = join(spec, icn, id.get(), attempt, data_addr)
+        .await
+        .map_err(|e| match e.transient() {
+            true => NodeError::IcnUnreachable(format!("{e:#}")),
+            false => NodeError::Fatal(e.into()),
+        })?;
     id.set(Some(joined.me));
     if let Some(r) = reg {
         crate::registry::runtime::register(r, spec.role, joined.me, joined.local);
@@ -241,6 +282,10 @@ fatal_from!(std::io::Error, ConnError, mpsc::error::SendError<Message>);
 /// With a registry, how long one attempt to reach the elected ICN may take before the
 /// node asks the registry again (a new ICN may have been elected meanwhile).
 pub const REGISTRY_CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// Back-off between attempts to join: doubling from the first to the last.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// How many times a node joins again after losing the ICN mid-run.
 pub const MAX_REJOINS: u32 = 100;

@@ -1,6 +1,8 @@
 //! fanin runtime: the ICN, FLP and EPN processes, their transports and metrics (tokio).
 //! Load-balancing decisions come from `fanin_sched`; wire encoding from `fanin_proto`.
 
+pub mod admission;
+pub mod auth;
 pub mod budget;
 pub mod config;
 pub mod conn;

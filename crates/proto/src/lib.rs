@@ -9,8 +9,8 @@ pub mod wire;
 pub use error::DecodeError;
 pub use frame::{FrameHeader, HEADER_LEN, MAGIC, VERSION};
 pub use message::{
-    EpnEntry, Message, MsgType, NodeStats, Prepare, Reason, Register, Role, SizeWire, StfHeader,
-    TfReport, TfStatus, STF_HEADER_LEN,
+    EpnEntry, Message, MsgType, NodeStats, Nonce, Prepare, Proof, Reason, Register, RejectCode,
+    Role, SizeWire, StfHeader, TfReport, TfStatus, STF_HEADER_LEN,
 };
 
 /// Body limit for control connections (ICN <-> FLP/EPN). An EpnList of 2000 EPNs

@@ -119,6 +119,55 @@ pub struct Register {
     pub node_id: Option<u32>,
     /// EPN: the address FLPs connect to for STFs. FLP: empty.
     pub data_addr: String,
+    /// HMAC-SHA256 under the run secret of the listener's challenge and the fields above
+    /// (see docs/protocol.md, "Admission").
+    pub proof: Proof,
+}
+
+/// A nonce a listener sends as its challenge.
+pub type Nonce = [u8; 16];
+/// HMAC-SHA256 of a challenge and the message's fields under the run secret.
+pub type Proof = [u8; 32];
+
+/// Why a Register or DataHello was refused: tells the node whether to try again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum RejectCode {
+    Other = 0,
+    /// The proof does not match the run secret.
+    BadProof = 1,
+    /// An id the run does not have (FLP or EPN beyond its counts).
+    UnknownId = 2,
+    /// The id is held by a live node (or its old connection has not closed yet).
+    IdInUse = 3,
+    /// Every expected node of that role has registered.
+    RunFull = 4,
+    /// The run is not taking registrations now (preparing, stopping).
+    WrongPhase = 5,
+    /// The listener is busy admitting others: try again.
+    Busy = 6,
+    /// A DataHello for another run.
+    WrongRun = 7,
+}
+
+impl RejectCode {
+    pub fn from_u8(v: u8) -> RejectCode {
+        match v {
+            1 => RejectCode::BadProof,
+            2 => RejectCode::UnknownId,
+            3 => RejectCode::IdInUse,
+            4 => RejectCode::RunFull,
+            5 => RejectCode::WrongPhase,
+            6 => RejectCode::Busy,
+            7 => RejectCode::WrongRun,
+            _ => RejectCode::Other,
+        }
+    }
+
+    /// May the same node succeed by trying again later?
+    pub fn transient(self) -> bool {
+        matches!(self, RejectCode::IdInUse | RejectCode::Busy)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,6 +292,7 @@ pub enum MsgType {
     Release = 17,
     LoadReport = 18,
     EpnReachable = 19,
+    Challenge = 20,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,6 +303,7 @@ pub enum Message {
         run_id: u64,
     },
     Reject {
+        code: RejectCode,
         reason: String,
     },
     Prepare(Prepare),
@@ -287,6 +338,7 @@ pub enum Message {
     DataHello {
         run_id: u64,
         flp_id: u32,
+        proof: Proof,
     },
     DataHelloAck {
         epn_id: u32,
@@ -310,11 +362,17 @@ pub enum Message {
         epn_id: u32,
         ok: bool,
     },
+    /// ICN or EPN -> the connecting node: the first frame on every connection; the
+    /// node's Register or DataHello proves the run secret over this nonce.
+    Challenge {
+        nonce: Nonce,
+    },
 }
 
 impl Message {
     pub fn msg_type(&self) -> MsgType {
         match self {
+            Message::Challenge { .. } => MsgType::Challenge,
             Message::Register(_) => MsgType::Register,
             Message::RegisterAck { .. } => MsgType::RegisterAck,
             Message::Reject { .. } => MsgType::Reject,
@@ -347,12 +405,16 @@ impl Message {
                 w.u8(u8::from(r.node_id.is_some()));
                 w.u32(r.node_id.unwrap_or(0));
                 w.string(&r.data_addr);
+                w.bytes(&r.proof);
             }
             Message::RegisterAck { node_id, run_id } => {
                 w.u32(*node_id);
                 w.u64(*run_id);
             }
-            Message::Reject { reason } => w.string(reason),
+            Message::Reject { code, reason } => {
+                w.u8(*code as u8);
+                w.string(reason);
+            }
             Message::Prepare(p) => {
                 w.u64(p.run_id);
                 w.u32(p.flps);
@@ -417,9 +479,14 @@ impl Message {
                     w.u64(*v);
                 }
             }
-            Message::DataHello { run_id, flp_id } => {
+            Message::DataHello {
+                run_id,
+                flp_id,
+                proof,
+            } => {
                 w.u64(*run_id);
                 w.u32(*flp_id);
+                w.bytes(proof);
             }
             Message::DataHelloAck { epn_id } => w.u32(*epn_id),
             Message::Abandon { tf_id, reason } => {
@@ -438,6 +505,7 @@ impl Message {
                 w.u32(*epn_id);
                 w.u8(u8::from(*ok));
             }
+            Message::Challenge { nonce } => w.bytes(nonce),
         }
         let body_len = (w.buf.len() - HEADER_LEN) as u32;
         let header = FrameHeader {
@@ -464,6 +532,7 @@ impl Message {
                 let has_id = r.u8("register.has_id")?;
                 let id = r.u32("register.node_id")?;
                 let data_addr = r.string("register.data_addr")?;
+                let proof = r.array("register.proof")?;
                 Message::Register(Register {
                     role,
                     node_id: match has_id {
@@ -477,6 +546,7 @@ impl Message {
                         }
                     },
                     data_addr,
+                    proof,
                 })
             }
             2 => Message::RegisterAck {
@@ -484,6 +554,7 @@ impl Message {
                 run_id: r.u64("register_ack.run_id")?,
             },
             3 => Message::Reject {
+                code: RejectCode::from_u8(r.u8("reject.code")?),
                 reason: r.string("reject.reason")?,
             },
             4 => {
@@ -606,6 +677,7 @@ impl Message {
             14 => Message::DataHello {
                 run_id: r.u64("data_hello.run_id")?,
                 flp_id: r.u32("data_hello.flp_id")?,
+                proof: r.array("data_hello.proof")?,
             },
             15 => Message::DataHelloAck {
                 epn_id: r.u32("data_hello_ack.epn_id")?,
@@ -633,6 +705,9 @@ impl Message {
                         })
                     }
                 },
+            },
+            20 => Message::Challenge {
+                nonce: r.array("challenge.nonce")?,
             },
             t => return Err(DecodeError::UnknownType(t)),
         };

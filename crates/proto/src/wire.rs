@@ -54,6 +54,13 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(a))
     }
 
+    /// `N` raw bytes (nonces, proofs).
+    pub fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, what)?);
+        Ok(a)
+    }
+
     /// A string: u16 length, then UTF-8 bytes.
     pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
         let len = self.u16(what)? as usize;
@@ -118,6 +125,9 @@ impl Writer {
     }
     pub fn u64(&mut self, v: u64) {
         self.buf.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn bytes(&mut self, v: &[u8]) {
+        self.buf.extend_from_slice(v);
     }
     /// Strings longer than `MAX_STR` are cut at a character boundary: the encoder
     /// never produces a frame its own decoder refuses.

@@ -19,17 +19,20 @@ fn samples() -> Vec<Message> {
             role: Role::Epn,
             node_id: Some(4),
             data_addr: "10.0.0.1:5555".into(),
+            proof: [7; 32],
         }),
         Message::Register(Register {
             role: Role::Flp,
             node_id: None,
             data_addr: String::new(),
+            proof: [0; 32],
         }),
         Message::RegisterAck {
             node_id: 4,
             run_id: 99,
         },
         Message::Reject {
+            code: RejectCode::UnknownId,
             reason: "unknown FLP id 7 (expected 0..2)".into(),
         },
         Message::Prepare(Prepare {
@@ -100,6 +103,7 @@ fn samples() -> Vec<Message> {
         Message::DataHello {
             run_id: 3,
             flp_id: 1,
+            proof: [0xa5; 32],
         },
         Message::DataHelloAck { epn_id: 2 },
         Message::Abandon {
@@ -115,6 +119,7 @@ fn samples() -> Vec<Message> {
             epn_id: 4,
             ok: true,
         },
+        Message::Challenge { nonce: [9; 16] },
     ]
 }
 
@@ -200,13 +205,13 @@ proptest! {
     }
 
     #[test]
-    fn decoding_arbitrary_bodies_never_panics(t in 0u8..20, body in proptest::collection::vec(any::<u8>(), 0..128)) {
+    fn decoding_arbitrary_bodies_never_panics(t in 0u8..22, body in proptest::collection::vec(any::<u8>(), 0..128)) {
         let h = FrameHeader { msg_type: t, length: body.len() as u32 };
         let _ = Message::decode(h, &body);
     }
 
     #[test]
-    fn decoding_mutated_frames_never_panics(idx in 0usize..19, pos in any::<prop::sample::Index>(), val in any::<u8>()) {
+    fn decoding_mutated_frames_never_panics(idx in 0usize..20, pos in any::<prop::sample::Index>(), val in any::<u8>()) {
         let mut b = samples()[idx].encode();
         let i = pos.index(b.len());
         b[i] = val;

@@ -206,10 +206,16 @@ pub fn spawn_epn(dir: &Path, icn: SocketAddr, id: u32, extra: &[&str]) -> Proc {
 }
 
 pub fn spawn_flp(dir: &Path, icn: SocketAddr, id: u32) -> Proc {
+    spawn_flp_with(dir, icn, id, &[])
+}
+
+/// `spawn_flp` with extra arguments (e.g. `--secret-file`).
+pub fn spawn_flp_with(dir: &Path, icn: SocketAddr, id: u32, extra: &[&str]) -> Proc {
     Proc::spawn(
         &format!("FLP {id}"),
         fanin()
             .args(["flp", "--icn", &icn.to_string(), "--id", &id.to_string()])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join(format!("flp-{id}.log"))).unwrap()),
     )

@@ -80,6 +80,9 @@ pub(super) struct Launcher<'a> {
     icn_control: String,
     /// `--registry URL --session-timeout-ms N` for every process, or nothing.
     registry_args: Vec<String>,
+    /// This run's secret, generated here and handed to every process in its
+    /// environment: a process of another run, or a stranger, cannot join.
+    secret: String,
 }
 
 impl<'a> Launcher<'a> {
@@ -102,6 +105,7 @@ impl<'a> Launcher<'a> {
             icn_host,
             icn_control,
             registry_args: Vec::new(),
+            secret: fanin_node::auth::Secret::generate().as_env(),
         })
     }
 
@@ -151,7 +155,8 @@ impl<'a> Launcher<'a> {
 
     /// `fanin` itself, inside host `h`'s namespace on a testbed.
     fn command(&self, h: u32) -> Command {
-        command(&self.exe, self.net.map(|n| n.spec.host_ns(h)).as_deref())
+        let ns = self.net.map(|n| n.spec.host_ns(h));
+        command(&self.exe, ns.as_deref(), &self.secret)
     }
 
     fn log(&self, name: &str) -> anyhow::Result<Stdio> {
@@ -309,6 +314,7 @@ impl<'a> Launcher<'a> {
             self.net.map(|n| n.spec.host_ns(h)),
             argv,
             path,
+            self.secret.clone(),
         );
         let child = spawn(first).with_context(|| format!("starting {name}"))?;
         Ok(NodeProc {
@@ -332,6 +338,7 @@ impl<'a> Launcher<'a> {
             ns,
             argv,
             self.dir.join("icn-restarted.log"),
+            self.secret.clone(),
         );
         NodeProc {
             name: "ICN".into(),
@@ -344,7 +351,7 @@ impl<'a> Launcher<'a> {
 /// `exe`, inside network namespace `ns` when given; it dies with this process and has
 /// a process group of its own (a Ctrl-C at the terminal reaches only the launcher,
 /// which stops the run cleanly).
-fn command(exe: &Path, ns: Option<&str>) -> Command {
+fn command(exe: &Path, ns: Option<&str>, secret: &str) -> Command {
     let mut c = match ns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -353,6 +360,7 @@ fn command(exe: &Path, ns: Option<&str>) -> Command {
         }
         None => Command::new(exe),
     };
+    c.env(fanin_node::auth::SECRET_ENV, secret);
     crate::process::die_with_parent(&mut c);
     c.process_group(0);
     c
@@ -364,6 +372,7 @@ fn respawner(
     ns: Option<String>,
     argv: Vec<String>,
     log: PathBuf,
+    secret: String,
 ) -> impl Fn(&[String]) -> anyhow::Result<Child> + Send + Sync + 'static {
     move |extra: &[String]| {
         let out = std::fs::OpenOptions::new()
@@ -371,7 +380,7 @@ fn respawner(
             .append(true)
             .open(&log)
             .with_context(|| format!("opening {}", log.display()))?;
-        command(&exe, ns.as_deref())
+        command(&exe, ns.as_deref(), &secret)
             .args(&argv)
             .args(extra)
             .stdout(Stdio::null())

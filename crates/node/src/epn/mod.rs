@@ -43,6 +43,8 @@ pub struct EpnOptions {
     pub max_building: usize,
     pub metrics_bind: Option<SocketAddr>,
     pub connect_timeout: Duration,
+    /// The run secret this node proves (empty: none).
+    pub secret: crate::auth::Secret,
     /// Fault injection (the seed's "Goat"): crash (SIGKILL itself) after reporting
     /// this many complete TFs.
     pub die_after_tfs: Option<u64>,
@@ -82,8 +84,9 @@ async fn run_once(
         registry: reg,
         control_bind: opts.control_bind,
         connect_timeout: opts.connect_timeout,
+        secret: &opts.secret,
     };
-    let (icn, joined) = join_run(&spec, id, rejoining, |ctl| {
+    let (icn, joined) = join_run(&spec, id, |ctl| {
         Ok(match opts.advertise {
             Some(a) => a,
             None if !local.ip().is_unspecified() => local,
@@ -115,6 +118,8 @@ async fn run_once(
         builder: b_tx.clone(),
         metrics: metrics.clone(),
         connected: Default::default(),
+        secret: opts.secret.clone(),
+        admission: crate::admission::Admission::new(metrics.clone()),
     });
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener, ctx)));
     let builder = Builder::<Vec<u8>>::new(

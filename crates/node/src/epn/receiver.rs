@@ -6,11 +6,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fanin_proto::{Message, Reason, StfHeader, MAX_CONTROL_BODY, STF_HEADER_LEN};
+use fanin_proto::{
+    Message, Nonce, Proof, Reason, RejectCode, StfHeader, MAX_CONTROL_BODY, STF_HEADER_LEN,
+};
 use fanin_sched::{EpnId, FlpId, TfId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+
+use crate::admission::{Admission, Ticket, HANDSHAKE_DEADLINE};
 
 use crate::budget::ByteBudget;
 use crate::conn::{read_exact_or_eof, read_frame_within, read_header, ConnError};
@@ -84,28 +89,27 @@ pub struct DataCtx {
     pub builder: mpsc::Sender<BuildEvent>,
     pub metrics: Arc<Metrics>,
     pub connected: Mutex<HashSet<FlpId>>,
+    /// The run secret each FLP proves in its DataHello.
+    pub secret: crate::auth::Secret,
+    /// Connections still in their handshake.
+    pub admission: Arc<Admission>,
 }
 
 pub async fn accept_loop(listener: TcpListener, ctx: Arc<DataCtx>) {
-    // One connection per FLP, plus a few being refused at any time.
-    let slots = Arc::new(tokio::sync::Semaphore::new(ctx.flps as usize + 16));
+    // One connection per FLP once proven; the proving ones share the admission pool.
+    let members = Arc::new(tokio::sync::Semaphore::new(ctx.flps as usize * 2 + 4));
     loop {
         match listener.accept().await {
             Ok((s, peer)) => {
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    tracing::warn!(
-                        "EPN {}: data peer {peer}: too many connections; closing",
-                        ctx.me
-                    );
-                    ctx.metrics.error("too_many_connections");
-                    continue;
-                };
-                let ctx = ctx.clone();
+                let ticket = ctx.admission.enter(peer);
+                let (ctx, members) = (ctx.clone(), members.clone());
                 tokio::spawn(async move {
-                    if let Err(e) = serve_flp(s, peer, &ctx).await {
-                        tracing::warn!("EPN {}: data peer {peer}: {e}; closing", ctx.me);
+                    if let Err(e) = serve_flp(s, peer, ticket, &members, &ctx).await {
+                        let me = ctx.me;
+                        ctx.admission
+                            .log
+                            .warn(|| format!("EPN {me}: data peer {peer}: {e}; closing"));
                     }
-                    drop(permit);
                 });
             }
             Err(e) => {
@@ -134,51 +138,104 @@ impl DataError {
     }
 }
 
-async fn serve_flp(stream: TcpStream, peer: SocketAddr, ctx: &DataCtx) -> Result<(), String> {
-    let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(256 * 1024, rd);
-    let hello = read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(10)).await;
-    let flp = match hello {
-        Ok(Some(Message::DataHello { run_id, flp_id })) => {
-            let refuse = if run_id != ctx.run_id {
-                Some(format!(
-                    "DataHello for run {run_id}, this EPN runs {}",
-                    ctx.run_id
-                ))
-            } else if flp_id >= ctx.flps {
-                Some(format!(
-                    "unknown FLP id {flp_id} (run has FLPs 0..{})",
-                    ctx.flps
-                ))
-            } else if !ctx.connected.lock().unwrap().insert(flp_id) {
-                Some(format!("FLP {flp_id} is already connected"))
-            } else {
-                None
-            };
-            if let Some(reason) = refuse {
-                ctx.metrics.error("rejected");
-                let _ = wr
-                    .write_all(
-                        &Message::Reject {
-                            reason: reason.clone(),
-                        }
-                        .encode(),
-                    )
-                    .await;
-                return Err(reason);
-            }
-            flp_id
+/// Why a DataHello is refused, or `None`: it proves the secret for this run, names an
+/// FLP of the run, and that FLP is not connected yet (then it is, from now on).
+fn refusal(
+    ctx: &DataCtx,
+    nonce: &Nonce,
+    hello: (u64, FlpId, &Proof),
+) -> Option<(RejectCode, String)> {
+    let (run_id, flp_id, proof) = hello;
+    if !ctx.secret.check_data(nonce, run_id, flp_id, proof) {
+        let why = "wrong run secret (--secret-file / FANIN_SECRET)".to_string();
+        Some((RejectCode::BadProof, why))
+    } else if run_id != ctx.run_id {
+        let why = format!("DataHello for run {run_id}, this EPN runs {}", ctx.run_id);
+        Some((RejectCode::WrongRun, why))
+    } else if flp_id >= ctx.flps {
+        let why = format!("unknown FLP id {flp_id} (run has FLPs 0..{})", ctx.flps);
+        Some((RejectCode::UnknownId, why))
+    } else if !ctx.connected.lock().unwrap().insert(flp_id) {
+        Some((
+            RejectCode::IdInUse,
+            format!("FLP {flp_id} is already connected"),
+        ))
+    } else {
+        None
+    }
+}
+
+/// Challenge out, a DataHello that proves the run secret back, within the deadline and
+/// unless a newcomer evicts this connection first. The FLP's id, or why not.
+async fn handshake<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    wr: &mut OwnedWriteHalf,
+    ticket: &mut Ticket,
+    ctx: &DataCtx,
+) -> Result<Option<FlpId>, String> {
+    let nonce = crate::auth::nonce();
+    let read = async {
+        crate::conn::write_msg(wr, &Message::Challenge { nonce }).await?;
+        read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
+    };
+    let hello = tokio::select! {
+        r = read => r,
+        _ = &mut ticket.evicted => {
+            ctx.metrics.error("handshake_evicted");
+            return Err("still silent when newer connections came".into());
         }
-        Ok(None) => return Ok(()),
+    };
+    match hello {
+        Ok(Some(Message::DataHello {
+            run_id,
+            flp_id,
+            proof,
+        })) => match refusal(ctx, &nonce, (run_id, flp_id, &proof)) {
+            None => Ok(Some(flp_id)),
+            Some((code, reason)) => {
+                ctx.metrics.error(if code == RejectCode::BadProof {
+                    "bad_proof"
+                } else {
+                    "rejected"
+                });
+                let reject = Message::Reject {
+                    code,
+                    reason: reason.clone(),
+                };
+                let _ = wr.write_all(&reject.encode()).await;
+                Err(reason)
+            }
+        },
+        Ok(None) => Ok(None),
         Ok(Some(other)) => {
             ctx.metrics.error("unexpected_message");
-            return Err(format!("expected DataHello, got {:?}", other.msg_type()));
+            Err(format!("expected DataHello, got {:?}", other.msg_type()))
         }
         Err(e) => {
             ctx.metrics.error(e.kind());
-            return Err(e.to_string());
+            Err(e.to_string())
         }
+    }
+}
+
+async fn serve_flp(
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut ticket: Ticket,
+    members: &Arc<tokio::sync::Semaphore>,
+    ctx: &DataCtx,
+) -> Result<(), String> {
+    let _ = stream.set_nodelay(true);
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(256 * 1024, rd);
+    let Some(flp) = handshake(&mut rd, &mut wr, &mut ticket, ctx).await? else {
+        return Ok(()); // connected and left without a word
+    };
+    drop(ticket);
+    let Ok(_member) = members.clone().try_acquire_owned() else {
+        ctx.connected.lock().unwrap().remove(&flp);
+        ctx.metrics.error("too_many_connections");
+        return Err(format!("FLP {flp}: every data connection place is taken"));
     };
     wr.write_all(&Message::DataHelloAck { epn_id: ctx.me }.encode())
         .await

@@ -40,6 +40,8 @@ pub struct FlpOptions {
     pub send_buffer: u64,
     pub metrics_bind: Option<SocketAddr>,
     pub connect_timeout: Duration,
+    /// The run secret this node proves (empty: none).
+    pub secret: crate::auth::Secret,
 }
 
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
@@ -54,8 +56,8 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let (o, m, r, idr) = (&opts, &metrics, reg.as_ref(), &id);
-    incarnations(&metrics, opts.connect_timeout, move |rejoining| {
-        run_once(o, m, idr, r, rejoining)
+    incarnations(&metrics, opts.connect_timeout, move |_rejoining| {
+        run_once(o, m, idr, r)
     })
     .await
 }
@@ -65,7 +67,6 @@ async fn run_once(
     metrics: &Arc<Metrics>,
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
-    rejoining: bool,
 ) -> Result<(), NodeError> {
     let spec = JoinSpec {
         role: Role::Flp,
@@ -73,8 +74,9 @@ async fn run_once(
         registry: reg,
         control_bind: opts.control_bind,
         connect_timeout: opts.connect_timeout,
+        secret: &opts.secret,
     };
-    let (icn, mut joined) = join_run(&spec, id, rejoining, |_| Ok(String::new())).await?;
+    let (icn, mut joined) = join_run(&spec, id, |_| Ok(String::new())).await?;
     let me = joined.me;
     let (prep, list) = prerun(&mut joined, me, icn).await?;
     let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
@@ -85,6 +87,7 @@ async fn run_once(
         crc: prep.crc,
         pattern: payload::Pattern::new(prep.seed, me),
         metrics: metrics.clone(),
+        secret: opts.secret.clone(),
     });
     let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
     let core = FlpCore::new(
@@ -106,13 +109,9 @@ async fn run_once(
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
         let stream = shell.connect(e).await.map_err(|err| {
-            if rejoining {
-                // Mid-run the EPN may be dying (or still holding our old connection):
-                // leave, and join again.
-                NodeError::LostIcn(format!("FLP {me}: rejoining: {err:#}"))
-            } else {
-                NodeError::Fatal(err)
-            }
+            // The EPN may be frozen or dying (the ICN will see it soon), or still holding
+            // our old connection: leave, and join again (first join and rejoin alike).
+            NodeError::LostIcn(format!("FLP {me}: {err:#}"))
         })?;
         shell.start_sender(e.epn_id, stream);
     }

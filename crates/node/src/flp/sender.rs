@@ -49,6 +49,8 @@ pub struct SendCtx {
     pub crc: bool,
     pub pattern: Pattern,
     pub metrics: Arc<Metrics>,
+    /// The run secret proved in each DataHello.
+    pub secret: crate::auth::Secret,
 }
 
 pub async fn connect_epn(
@@ -59,21 +61,26 @@ pub async fn connect_epn(
 ) -> anyhow::Result<TcpStream> {
     let what = format!("FLP {} data connection to EPN {epn}", ctx.me);
     let mut s = connect_retry(addr, bind, Duration::from_secs(10), &what).await?;
-    write_msg(
-        &mut s,
-        &Message::DataHello {
-            run_id: ctx.run_id,
-            flp_id: ctx.me,
-        },
-    )
-    .await?;
-    match read_frame_within(&mut s, MAX_CONTROL_BODY, Duration::from_secs(10)).await? {
-        Some(Message::DataHelloAck { epn_id }) if epn_id == epn => Ok(s),
-        Some(Message::DataHelloAck { epn_id }) => {
+    let within = Duration::from_secs(10);
+    let nonce = match read_frame_within(&mut s, MAX_CONTROL_BODY, within).await {
+        Ok(Some(Message::Challenge { nonce })) => nonce,
+        Ok(other) => bail!("{what} at {addr}: expected Challenge, got {other:?}"),
+        Err(e) => bail!("{what} at {addr}: {e}"),
+    };
+    let hello = Message::DataHello {
+        run_id: ctx.run_id,
+        flp_id: ctx.me,
+        proof: ctx.secret.prove_data(&nonce, ctx.run_id, ctx.me),
+    };
+    write_msg(&mut s, &hello).await?;
+    match read_frame_within(&mut s, MAX_CONTROL_BODY, within).await {
+        Ok(Some(Message::DataHelloAck { epn_id })) if epn_id == epn => Ok(s),
+        Ok(Some(Message::DataHelloAck { epn_id })) => {
             bail!("{what} at {addr}: answered as EPN {epn_id}")
         }
-        Some(Message::Reject { reason }) => bail!("{what} at {addr}: refused: {reason}"),
-        other => bail!("{what} at {addr}: expected DataHelloAck, got {other:?}"),
+        Ok(Some(Message::Reject { reason, .. })) => bail!("{what} at {addr}: refused: {reason}"),
+        Ok(other) => bail!("{what} at {addr}: expected DataHelloAck, got {other:?}"),
+        Err(e) => bail!("{what} at {addr}: {e}"),
     }
 }
 

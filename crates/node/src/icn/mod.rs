@@ -9,6 +9,7 @@ pub mod summary;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -27,6 +28,8 @@ pub use peer::{ConnId, Event};
 
 pub struct IcnOptions {
     pub run: Checked,
+    /// The run secret every FLP and EPN must prove (empty: none).
+    pub secret: crate::auth::Secret,
     pub control_bind: SocketAddr,
     pub metrics_bind: Option<SocketAddr>,
     pub results_dir: Option<PathBuf>,
@@ -48,17 +51,18 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         .await
         .with_context(|| format!("ICN control bind {}", opts.control_bind))?;
     let control = listener.local_addr()?;
+    // Checked before anything else (a standby too, before it waits to be elected).
+    if let Some(dir) = &opts.results_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("results directory {}", dir.display()))?;
+        summary::write_atomic(&dir.join("config.toml"), &toml::to_string(&opts.run.cfg)?)?;
+    }
     let mut lead = Leadership::take(&opts, control).await?;
     let metrics = Metrics::new("icn", None);
     let metrics_addr = match opts.metrics_bind {
         Some(b) => Some(metrics::serve(b, metrics.clone()).await?),
         None => None,
     };
-    if let Some(dir) = &opts.results_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("results directory {}", dir.display()))?;
-        std::fs::write(dir.join("config.toml"), toml::to_string(&opts.run.cfg)?)?;
-    }
     let metrics_shown = metrics_addr.map(|a| a.to_string());
     say(&format!(
         "listening control={control} metrics={}",
@@ -72,12 +76,20 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         cfg.policy
     );
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(4096);
-    let max_conns = (cfg.flps + cfg.epns) as usize + 64;
+    // Members: every node of the run, plus room for rejoining ones whose old
+    // connection has not closed yet.
+    let max_members = (cfg.flps + cfg.epns) as usize * 2 + 16;
+    if opts.secret.is_empty() {
+        tracing::warn!(
+            "ICN: no run secret (--secret-file or FANIN_SECRET): any process that reaches this port can join the run"
+        );
+    }
     let acceptor = tokio::spawn(peer::accept_loop(
         listener,
         ev_tx,
         metrics.clone(),
-        max_conns,
+        max_members,
+        Arc::new(opts.secret.clone()),
     ));
     let core = IcnCore::new(
         CoreConfig {
@@ -342,7 +354,12 @@ impl Shell {
         // The counts reach the log even when the results directory is gone.
         log_counts(&summary);
         if let Some(dir) = &opts.results_dir {
-            summary.write(dir)?;
+            if let Err(e) = summary.write(dir) {
+                // The result is not lost: it goes to stdout, and the exit says why.
+                let json = serde_json::to_string(&summary).unwrap_or_default();
+                say(&format!("SUMMARY {json}"));
+                return Err(e.context("the summary is on stdout (SUMMARY line)"));
+            }
         }
         Ok(summary)
     }

@@ -1,16 +1,19 @@
-//! ICN side of control connections: accept, read the Register frame, then forward
-//! every frame to the ICN task. Bad peers get a one-line error and a metric, nothing else.
+//! ICN side of control connections: accept, challenge, check the Register's proof, then
+//! forward every frame to the ICN task. Bad peers get a bounded log line and a metric.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fanin_proto::{Message, Register, MAX_CONTROL_BODY};
+use fanin_proto::{Message, Register, RejectCode, MAX_CONTROL_BODY};
 use tokio::io::BufReader;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::conn::{read_frame, read_frame_within, spawn_writer};
+use crate::admission::{Admission, Ticket, HANDSHAKE_DEADLINE};
+use crate::auth::{self, Secret};
+use crate::conn::{read_frame, read_frame_within, spawn_writer, write_msg};
 use crate::metrics::Metrics;
 
 pub type ConnId = u64;
@@ -35,32 +38,30 @@ pub enum Event {
     },
 }
 
-/// How long a new connection may take to send its Register frame.
-const REGISTER_WITHIN: Duration = Duration::from_secs(10);
-
 pub async fn accept_loop(
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
-    max_conns: usize,
+    max_peers: usize,
+    secret: Arc<Secret>,
 ) {
     let mut next: ConnId = 1;
-    let slots = Arc::new(Semaphore::new(max_conns));
+    let members = Arc::new(Semaphore::new(max_peers));
+    let admission = Admission::new(metrics.clone());
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
-                let Ok(permit) = slots.clone().try_acquire_owned() else {
-                    tracing::warn!("ICN: peer {peer}: too many connections ({max_conns}); closing");
-                    metrics.error("too_many_connections");
-                    continue;
-                };
                 let conn = next;
                 next += 1;
-                let (events, metrics) = (events.clone(), metrics.clone());
-                tokio::spawn(async move {
-                    serve_peer(conn, stream, peer, events, metrics).await;
-                    drop(permit);
-                });
+                let ticket = admission.enter(peer);
+                let ctx = PeerCtx {
+                    events: events.clone(),
+                    metrics: metrics.clone(),
+                    secret: secret.clone(),
+                    members: members.clone(),
+                    admission: admission.clone(),
+                };
+                tokio::spawn(serve_peer(conn, stream, peer, ticket, ctx));
             }
             Err(e) => {
                 // e.g. out of file descriptors: keep serving the peers we have.
@@ -72,33 +73,99 @@ pub async fn accept_loop(
     }
 }
 
+/// What every connection task of the ICN shares.
+struct PeerCtx {
+    events: mpsc::Sender<Event>,
+    metrics: Arc<Metrics>,
+    secret: Arc<Secret>,
+    /// Places for nodes that proved the secret.
+    members: Arc<Semaphore>,
+    admission: Arc<Admission>,
+}
+
+impl PeerCtx {
+    /// A refused connection: a metric and a rate-limited line; the peer may get a Reject.
+    fn refuse(&self, peer: SocketAddr, kind: &'static str, why: &str) {
+        self.metrics.error(kind);
+        self.admission
+            .log
+            .warn(|| format!("ICN: peer {peer}: {why}; closing"));
+    }
+}
+
+/// The handshake: Challenge out, a Register that proves the run secret back, within
+/// the deadline and unless a newcomer evicts it. `None`: refused (already logged).
+async fn handshake(
+    rd: &mut BufReader<OwnedReadHalf>,
+    wr: &mut OwnedWriteHalf,
+    peer: SocketAddr,
+    ticket: &mut Ticket,
+    ctx: &PeerCtx,
+) -> Option<Register> {
+    let nonce = auth::nonce();
+    let read = async {
+        write_msg(wr, &Message::Challenge { nonce }).await?;
+        read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
+    };
+    let first = tokio::select! {
+        r = read => r,
+        _ = &mut ticket.evicted => {
+            ctx.refuse(peer, "handshake_evicted", "still silent when newer connections came");
+            return None;
+        }
+    };
+    let reg = match first {
+        Ok(Some(Message::Register(reg))) => reg,
+        Ok(None) => return None, // connected and left without a word (a port probe)
+        Ok(Some(other)) => {
+            let why = format!("expected Register, got {:?}", other.msg_type());
+            ctx.refuse(peer, "unexpected_message", &why);
+            return None;
+        }
+        Err(e) => {
+            ctx.refuse(peer, e.kind(), &e.to_string());
+            return None;
+        }
+    };
+    if !ctx.secret.check_register(&nonce, &reg) {
+        let why = format!("{} proves the wrong run secret", reg.role.name());
+        ctx.refuse(peer, "bad_proof", &why);
+        let reject = Message::Reject {
+            code: RejectCode::BadProof,
+            reason: "wrong run secret (--secret-file / FANIN_SECRET)".into(),
+        };
+        let _ = write_msg(wr, &reject).await;
+        return None;
+    }
+    Some(reg)
+}
+
 async fn serve_peer(
     conn: ConnId,
     stream: TcpStream,
     peer: SocketAddr,
-    events: mpsc::Sender<Event>,
-    metrics: Arc<Metrics>,
+    mut ticket: Ticket,
+    ctx: PeerCtx,
 ) {
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+    let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
-    let reg = match read_frame_within(&mut rd, MAX_CONTROL_BODY, REGISTER_WITHIN).await {
-        Ok(Some(Message::Register(reg))) => reg,
-        Ok(None) => return, // connected and left without a word (a port probe)
-        Ok(Some(other)) => {
-            tracing::warn!(
-                "ICN: peer {peer}: expected Register, got {:?}; closing",
-                other.msg_type()
-            );
-            metrics.error("unexpected_message");
-            return;
-        }
-        Err(e) => {
-            tracing::warn!("ICN: peer {peer}: {e}; closing");
-            metrics.error(e.kind());
-            return;
-        }
+    let Some(reg) = handshake(&mut rd, &mut wr, peer, &mut ticket, &ctx).await else {
+        return;
     };
+    drop(ticket);
+    let Ok(_member) = ctx.members.clone().try_acquire_owned() else {
+        ctx.refuse(peer, "too_many_connections", "every member place is taken");
+        let reject = Message::Reject {
+            code: RejectCode::Busy,
+            reason: "the ICN has no place for another node now".into(),
+        };
+        let _ = write_msg(&mut wr, &reject).await;
+        return;
+    };
+    let PeerCtx {
+        events, metrics, ..
+    } = ctx;
     let (tx, writer) = spawn_writer(wr, peer.to_string());
     let (kill, mut killed) = oneshot::channel();
     if events

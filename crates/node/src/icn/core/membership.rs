@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use fanin_proto::{EpnEntry, Message, Register, Role};
+use fanin_proto::{EpnEntry, Message, Register, RejectCode, Role};
 use fanin_sched::{EpnId, FlpId};
 
 use super::{ConnId, IcnCore, Level, Peer, Phase, REGISTRY_LEFT_GRACE};
@@ -12,21 +12,24 @@ use crate::icn::summary::MemberEvent;
 use crate::registry::{self, diff, Change, Membership};
 
 impl IcnCore {
-    fn reject(&mut self, conn: ConnId, peer: SocketAddr, reason: String) {
+    fn reject(&mut self, conn: ConnId, peer: SocketAddr, code: RejectCode, reason: String) {
         self.log(Level::Warn, format!("rejected {peer}: {reason}"));
         self.metrics.error("rejected");
-        self.send_raw(conn, Message::Reject { reason });
+        self.send_raw(conn, Message::Reject { code, reason });
         self.close(conn);
     }
 
     pub(super) fn on_register(&mut self, conn: ConnId, peer: SocketAddr, reg: Register) {
-        if let (Role::Flp, Some(id)) = (reg.role, reg.node_id) {
-            if id >= self.cfg.run.cfg.flps {
-                let msg = format!(
-                    "unknown FLP id {id} (this run has FLPs 0..{})",
-                    self.cfg.run.cfg.flps
-                );
-                return self.reject(conn, peer, msg);
+        if let Some(id) = reg.node_id {
+            let cfg = &self.cfg.run.cfg;
+            let count = match reg.role {
+                Role::Flp => cfg.flps,
+                Role::Epn => cfg.epns,
+            };
+            if id >= count {
+                let name = reg.role.name();
+                let msg = format!("unknown {name} id {id} (this run has {name}s 0..{count})");
+                return self.reject(conn, peer, RejectCode::UnknownId, msg);
             }
         }
         let midrun = matches!(self.phase, Phase::Running | Phase::Draining);
@@ -37,7 +40,7 @@ impl IcnCore {
                 self.cfg.run_id,
                 self.phase
             );
-            return self.reject(conn, peer, msg);
+            return self.reject(conn, peer, RejectCode::WrongPhase, msg);
         }
         if midrun {
             return self.on_rejoin(conn, peer, reg);
@@ -52,7 +55,7 @@ impl IcnCore {
                 "run expects {want} {}s and all have registered",
                 reg.role.name()
             );
-            return self.reject(conn, peer, msg);
+            return self.reject(conn, peer, RejectCode::RunFull, msg);
         }
         let id = match reg.node_id {
             Some(id) => id,
@@ -68,10 +71,10 @@ impl IcnCore {
                 reg.role.name(),
                 other.addr
             );
-            return self.reject(conn, peer, msg);
+            return self.reject(conn, peer, RejectCode::IdInUse, msg);
         }
         if let Some(msg) = bad_data_addr(&reg, id) {
-            return self.reject(conn, peer, msg);
+            return self.reject(conn, peer, RejectCode::Other, msg);
         }
         let p = self.new_peer(peer, &reg, id, None);
         self.log(Level::Info, format!("registered {}", p.name()));
@@ -129,11 +132,20 @@ impl IcnCore {
                 .find(|i| !self.flps.contains_key(i) && !self.is_joining(Role::Flp, *i))
             {
                 Some(i) => i,
-                None => return self.reject(conn, peer, "every FLP id of this run is taken".into()),
+                None => {
+                    let msg = "every FLP id of this run is taken".to_string();
+                    return self.reject(conn, peer, RejectCode::RunFull, msg);
+                }
             },
-            (Role::Epn, None) => (0..)
+            (Role::Epn, None) => match (0..self.cfg.run.cfg.epns)
                 .find(|i| !self.epns.contains_key(i) && !self.is_joining(Role::Epn, *i))
-                .unwrap_or(0),
+            {
+                Some(i) => i,
+                None => {
+                    let msg = "every EPN id of this run is taken".to_string();
+                    return self.reject(conn, peer, RejectCode::RunFull, msg);
+                }
+            },
         };
         let taken = match reg.role {
             Role::Flp => self.flps.contains_key(&id),
@@ -141,10 +153,10 @@ impl IcnCore {
         } || self.is_joining(reg.role, id);
         if taken {
             let msg = format!("{} id {id} is already in the run", reg.role.name());
-            return self.reject(conn, peer, msg);
+            return self.reject(conn, peer, RejectCode::IdInUse, msg);
         }
         if let Some(msg) = bad_data_addr(&reg, id) {
-            return self.reject(conn, peer, msg);
+            return self.reject(conn, peer, RejectCode::Other, msg);
         }
         let p = self.new_peer(peer, &reg, id, Some(self.now));
         let t = self.now_us() as f64 / 1e6;
@@ -182,6 +194,10 @@ impl IcnCore {
         dropped: u64,
         detail: String,
     ) {
+        if self.membership.len() >= super::MAX_EVENTS {
+            self.events_not_kept += 1;
+            return;
+        }
         self.membership.push(MemberEvent {
             t_s: self.now_us() as f64 / 1e6,
             node: node.to_string(),
@@ -451,7 +467,7 @@ impl IcnCore {
         let t = self.now_us() as f64 / 1e6;
         let msg = format!("t={t:.3}s {} left while joining ({why})", p.name());
         self.log(Level::Warn, msg.clone());
-        self.events.push(msg);
+        self.note(msg);
         if self.phase == Phase::Stopping {
             self.maybe_all_stats();
         }
@@ -508,7 +524,7 @@ impl IcnCore {
             e.policy_us = policy_us;
         }
         self.log(Level::Warn, msg.clone());
-        self.events.push(msg);
+        self.note(msg);
     }
 }
 

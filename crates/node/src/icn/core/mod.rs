@@ -49,6 +49,9 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 /// learn of a failed send before many more TFs go to that peer).
 const ISSUE_BATCH: u32 = 256;
 
+/// Events and membership changes kept for the summary (the rest are counted).
+pub const MAX_EVENTS: usize = 10_000;
+
 /// Where the run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -192,6 +195,8 @@ pub struct IcnCore {
     pub(crate) registered_s: f64,
     pub(crate) node_stats: BTreeMap<String, BTreeMap<String, u64>>,
     pub(crate) events: Vec<String>,
+    /// Events and membership changes past `MAX_EVENTS`, counted only.
+    pub(crate) events_not_kept: u64,
     pub(crate) fatal: Option<String>,
     outbox: VecDeque<Action>,
 }
@@ -229,6 +234,7 @@ impl IcnCore {
             registered_s: 0.0,
             node_stats: BTreeMap::new(),
             events: Vec::new(),
+            events_not_kept: 0,
             fatal: None,
             outbox: VecDeque::new(),
         }
@@ -352,6 +358,16 @@ impl IcnCore {
 
     pub(crate) fn close(&mut self, conn: ConnId) {
         self.outbox.push_back(Action::Close { conn });
+    }
+
+    /// An event for the summary; past `MAX_EVENTS` only counted (a node that joins and
+    /// leaves in a loop must not grow the ICN without bound).
+    pub(crate) fn note(&mut self, line: String) {
+        if self.events.len() < MAX_EVENTS {
+            self.events.push(line);
+        } else {
+            self.events_not_kept += 1;
+        }
     }
 
     pub(crate) fn log(&mut self, level: Level, line: String) {

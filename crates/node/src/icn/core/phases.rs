@@ -109,8 +109,7 @@ impl IcnCore {
                     .collect();
                 missing.sort();
                 self.log(Level::Warn, format!("no run-end counters from {missing:?}"));
-                self.events
-                    .push(format!("no run-end counters from {}", missing.join(", ")));
+                self.note(format!("no run-end counters from {}", missing.join(", ")));
                 self.phase = Phase::Done;
             }
             Phase::Done => {}
@@ -144,7 +143,7 @@ impl IcnCore {
         self.lost_leadership = true;
         let msg = "lost leadership: this ICN's registry session expired; the run ends here";
         self.log(Level::Warn, msg.into());
-        self.events.push(msg.into());
+        self.note(msg.into());
         match self.phase {
             Phase::Running | Phase::Draining => self.begin_stop(),
             Phase::Registering | Phase::Preparing => {
@@ -172,16 +171,16 @@ impl IcnCore {
                 self.phase = Phase::Done;
             }
             (Phase::Running, 1) => {
-                self.events.push(msg);
+                self.note(msg);
                 self.begin_drain();
             }
             (Phase::Running | Phase::Draining, _) => {
                 if self.interrupts == 1 {
-                    self.events.push(msg);
+                    self.note(msg);
                 }
                 self.begin_stop();
             }
-            (Phase::Stopping, 1) => self.events.push(msg),
+            (Phase::Stopping, 1) => self.note(msg),
             (Phase::Stopping, _) => self.phase = Phase::Done,
             (Phase::Done, _) => {}
         }
@@ -226,7 +225,12 @@ impl IcnCore {
         }
         if !rows.is_empty() {
             let line = format!("{} TFs never acknowledged (unacknowledged)", rows.len());
-            self.events.push(line);
+            self.note(line);
+        }
+        if self.events_not_kept > 0 {
+            let n = self.events_not_kept;
+            self.events
+                .push(format!("{n} more events and membership changes not kept"));
         }
         self.tally.ids = self.next_tf;
         let summary = Summary::build(

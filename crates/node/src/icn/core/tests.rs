@@ -118,6 +118,7 @@ impl H {
             role,
             node_id: id,
             data_addr,
+            proof: [0; 32],
         };
         self.feed(Input::Registered {
             conn,
@@ -226,7 +227,7 @@ fn closed(actions: &[Action], conn: ConnId) -> bool {
 
 fn rejected(actions: &[Action], conn: ConnId) -> Option<String> {
     to(actions, conn).into_iter().find_map(|m| match m {
-        Message::Reject { reason } => Some(reason),
+        Message::Reject { reason, .. } => Some(reason),
         _ => None,
     })
 }
@@ -284,6 +285,7 @@ fn epn_with_a_bad_data_address_is_refused() {
         role: Role::Epn,
         node_id: None,
         data_addr: "nowhere".into(),
+        proof: [0; 32],
     };
     let out = h.feed(Input::Registered {
         conn: 9,
@@ -885,6 +887,46 @@ fn epn_rejoins_once_every_flp_reached_it() {
 }
 
 #[test]
+fn a_node_joining_and_leaving_in_a_loop_does_not_grow_the_summary() {
+    let mut h = H::running(1, 2, |_| {});
+    h.feed(Input::Closed {
+        conn: epn_conn(1),
+        err: None,
+    });
+    let loops = super::MAX_EVENTS as u64 + 50;
+    for i in 0..loops {
+        h.register(1000 + i, Role::Epn, Some(1));
+        h.feed(Input::Closed {
+            conn: 1000 + i,
+            err: None,
+        });
+    }
+    assert!(h.core.events.len() <= super::MAX_EVENTS);
+    assert!(h.core.membership.len() <= super::MAX_EVENTS);
+    let s = h.finish();
+    let last = s.events.last().unwrap();
+    assert!(
+        last.contains("more events and membership changes not kept"),
+        "{last}"
+    );
+}
+
+#[test]
+fn an_id_the_run_does_not_have_is_refused_as_unknown() {
+    let mut h = H::running(1, 1, |_| {});
+    let out = h.register(400, Role::Epn, Some(5));
+    assert!(rejected(&out, 400).unwrap().contains("unknown EPN id 5"));
+    let out = h.register(401, Role::Epn, None);
+    assert!(rejected(&out, 401)
+        .unwrap()
+        .contains("every EPN id of this run is taken"));
+    assert!(
+        h.core.peers.keys().all(|c| *c < 400),
+        "neither became a peer"
+    );
+}
+
+#[test]
 fn a_live_id_cannot_join_twice() {
     let mut h = H::running(1, 1, |_| {});
     let out = h.register(400, Role::Epn, Some(0));
@@ -893,9 +935,13 @@ fn a_live_id_cannot_join_twice() {
 
 #[test]
 fn joining_epn_that_leaves_is_never_scheduled() {
-    let mut h = H::running(1, 1, |_| {});
-    h.register(300, Role::Epn, Some(5));
-    h.msg(300, ready(Role::Epn, 5, 0));
+    let mut h = H::running(1, 2, |_| {});
+    h.feed(Input::Closed {
+        conn: epn_conn(1),
+        err: None,
+    });
+    h.register(300, Role::Epn, Some(1));
+    h.msg(300, ready(Role::Epn, 1, 0));
     h.feed(Input::Closed {
         conn: 300,
         err: None,

@@ -1,0 +1,197 @@
+//! Admission of new connections on the ICN's control port and an EPN's data port: each
+//! must prove the run secret within a deadline; those still proving themselves share a
+//! small pool where a newcomer evicts the oldest (first of its own source), so a flood of
+//! idle or garbage connections never keeps a real node out. Refusals are logged at a
+//! bounded rate.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use crate::metrics::Metrics;
+
+/// How long a new connection has to prove itself (Challenge -> Register / DataHello).
+pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
+/// Connections proving themselves at once, in all and from one source address.
+pub const PENDING_MAX: usize = 64;
+pub const PENDING_PER_SOURCE: usize = 32;
+
+/// The pool of connections still in their handshake.
+pub struct Admission {
+    pending: Mutex<Pending>,
+    metrics: Arc<Metrics>,
+    /// Refusals logged: at most `LOG_PER_SECOND` lines a second, the rest counted.
+    pub log: LogLimit,
+}
+
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    /// Ticket -> (source, eviction switch: dropping it ends that handshake).
+    by_ticket: BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
+}
+
+/// A connection's place in the pool; `evicted` fires when a newcomer takes it.
+pub struct Ticket {
+    id: u64,
+    pool: Arc<Admission>,
+    pub evicted: oneshot::Receiver<()>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.pool.pending.lock().unwrap().by_ticket.remove(&self.id);
+    }
+}
+
+impl Admission {
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Admission> {
+        Arc::new(Admission {
+            pending: Mutex::new(Pending::default()),
+            metrics,
+            log: LogLimit::new(LOG_PER_SECOND),
+        })
+    }
+
+    /// A place for a new connection from `peer`, evicting the oldest pending one from
+    /// the same source when it has `PENDING_PER_SOURCE`, else the oldest of all when
+    /// the pool is full. The ticket leaves the pool when dropped (handshake over).
+    pub fn enter(self: &Arc<Self>, peer: SocketAddr) -> Ticket {
+        let (tx, rx) = oneshot::channel();
+        let mut p = self.pending.lock().unwrap();
+        let source = peer.ip();
+        let same: Vec<u64> = p
+            .by_ticket
+            .iter()
+            .filter(|(_, (ip, _))| *ip == source)
+            .map(|(t, _)| *t)
+            .collect();
+        let victim = if same.len() >= PENDING_PER_SOURCE {
+            same.first().copied()
+        } else if p.by_ticket.len() >= PENDING_MAX {
+            p.by_ticket.keys().next().copied()
+        } else {
+            None
+        };
+        if let Some(v) = victim {
+            p.by_ticket.remove(&v); // dropping its sender ends that handshake
+            self.metrics.error("handshake_evicted");
+        }
+        let id = p.next;
+        p.next += 1;
+        p.by_ticket.insert(id, (source, tx));
+        debug_assert!(p.by_ticket.len() <= PENDING_MAX);
+        Ticket {
+            id,
+            pool: self.clone(),
+            evicted: rx,
+        }
+    }
+
+    /// Connections in their handshake now.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().unwrap().by_ticket.len()
+    }
+}
+
+/// Log lines per second for refusals of one listener.
+pub const LOG_PER_SECOND: u32 = 10;
+
+/// A log-rate limit: `allow()` says whether to log this line, and how many lines were
+/// held back since the last one logged.
+pub struct LogLimit {
+    per_second: u32,
+    state: Mutex<(Instant, u32, u64)>,
+}
+
+impl LogLimit {
+    pub fn new(per_second: u32) -> LogLimit {
+        LogLimit {
+            per_second,
+            state: Mutex::new((Instant::now(), 0, 0)),
+        }
+    }
+
+    /// `Some(held_back)` when this line may be logged.
+    pub fn allow(&self) -> Option<u64> {
+        let mut s = self.state.lock().unwrap();
+        if s.0.elapsed() >= Duration::from_secs(1) {
+            *s = (Instant::now(), 0, s.2);
+        }
+        if s.1 < self.per_second {
+            s.1 += 1;
+            let held = s.2;
+            s.2 = 0;
+            Some(held)
+        } else {
+            s.2 += 1;
+            None
+        }
+    }
+
+    /// Logs `line` as a warning unless over the rate; mentions what was held back.
+    pub fn warn(&self, line: impl FnOnce() -> String) {
+        match self.allow() {
+            Some(0) => tracing::warn!("{}", line()),
+            Some(n) => tracing::warn!("{} ({n} similar lines held back)", line()),
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(ip: [u8; 4], port: u16) -> SocketAddr {
+        SocketAddr::from((ip, port))
+    }
+
+    #[test]
+    fn a_full_pool_evicts_the_oldest_and_never_grows() {
+        let pool = Admission::new(Metrics::new("test", None));
+        let mut tickets: Vec<Ticket> = (0..PENDING_PER_SOURCE as u16)
+            .map(|i| pool.enter(addr([10, 0, 0, 1], i)))
+            .collect();
+        // One source holds its share: its next connection evicts its own oldest.
+        tickets.push(pool.enter(addr([10, 0, 0, 1], 999)));
+        assert!(tickets[0]
+            .evicted
+            .try_recv()
+            .is_err_and(|e| e == oneshot::error::TryRecvError::Closed));
+        assert_eq!(pool.pending(), PENDING_PER_SOURCE);
+        // Other sources fill the pool; past it, the oldest of all goes.
+        for i in 0..(PENDING_MAX as u16) {
+            tickets.push(pool.enter(addr([10, 0, 1, (i % 200) as u8], i)));
+            assert!(pool.pending() <= PENDING_MAX);
+        }
+        assert_eq!(pool.pending(), PENDING_MAX);
+        // The newest is still waiting.
+        let last = tickets.last_mut().unwrap();
+        assert_eq!(
+            last.evicted.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        );
+        drop(tickets);
+        assert_eq!(pool.pending(), 0, "a finished handshake leaves the pool");
+    }
+
+    #[test]
+    fn the_log_limit_holds_back_and_counts() {
+        let l = LogLimit::new(3);
+        assert_eq!(
+            (l.allow(), l.allow(), l.allow()),
+            (Some(0), Some(0), Some(0))
+        );
+        assert_eq!((l.allow(), l.allow()), (None, None));
+        l.state.lock().unwrap().0 -= Duration::from_secs(2);
+        assert_eq!(
+            l.allow(),
+            Some(2),
+            "the next line says how many were held back"
+        );
+    }
+}
