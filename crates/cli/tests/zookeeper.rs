@@ -210,6 +210,37 @@ fn zookeeper_restarted_during_a_run_loses_nothing() {
     let _ = read_summary;
 }
 
+/// ZooKeeper down for three session time-outs: every session ends, no other ICN can be
+/// elected, so the run goes on over its TCP connections, and the ICN leads again once the
+/// registry is back. The summary says so; nothing is lost.
+#[test]
+fn a_zookeeper_outage_longer_than_the_session_does_not_end_the_run() {
+    let mut server = zk(100);
+    let url = server.url("/fanin-outage");
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "flps = 1\nepns = 2\nrate_hz = 100\ntfs = 900\nstf_size = \"16KiB\"\nbuild_timeout_ms = 10000\nlease_ms = 10000\n";
+    let mut icn = icn(dir.path(), "icn", &url, toml);
+    let mut nodes: Vec<Proc> = (0..2)
+        .map(|i| node(dir.path(), "epn", i, &url))
+        .chain(std::iter::once(node(dir.path(), "flp", 0, &url)))
+        .collect();
+    icn.wait_issued(150);
+    server.stop().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    server.restart().expect("restarting ZooKeeper");
+    let (st, s, _) = icn.finish(120);
+    assert!(st.success(), "{s}");
+    assert_eq!(u(&s, "issued"), 900, "the run was not cut short: {s}");
+    assert_eq!(u(&s, "completed"), 900, "{s}");
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    let events = s["events"].to_string();
+    assert!(events.contains("lost the registry leadership"), "{events}");
+    assert!(events.contains("leads again in the registry"), "{events}");
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+}
+
 #[test]
 fn an_experiment_kills_the_icn_and_its_standby_takes_over() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,6 +258,11 @@ stf_size = "16KiB"
 registry = "zookeeper"
 zk_tick_ms = 100
 zk_session_timeout_ms = 1000
+[[fault]]
+node = "epn 1"
+action = "kill"
+at_s = 0.5
+restart_after_s = 0.2
 [[fault]]
 node = "icn"
 action = "kill"
@@ -255,6 +291,13 @@ at_s = 1.0
     assert!(elected > 0.0, "{row}");
     assert!(f[4].parse::<f64>().is_ok(), "{row}");
     assert!(text.contains("the standby was elected"), "{text}");
+    // Faults before the take-over keep their times on the first run's clock.
+    let epn = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("EPN 1"))
+        .unwrap_or_else(|| panic!("no fault row for EPN 1: {text}"));
+    let at: f64 = epn.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!((0.4..0.8).contains(&at), "EPN 1 killed at 0.5 s: {epn}");
     // The standby's run is complete and accounted for.
     assert!(text.contains("issued 500 completed 500"), "{text}");
     assert!(text.contains("invariant ok"), "{text}");

@@ -268,10 +268,19 @@ pub struct FaultResult {
     pub outage_tfs: BTreeMap<String, u64>,
 }
 
-pub fn results(inj: &[Injected], s: &Summary, dir: &Path) -> Vec<FaultResult> {
-    let start = s.run_start_unix_us;
-    let rel = |us: u64| (us as f64 - start as f64) / 1e6;
-    let rows = fanin_node::icn::summary::TfCsv::read(dir);
+/// Each injected fault's result, its times relative to `origin` (the first run's start,
+/// UNIX µs); the summary's own times (relative to its run's start) are shifted onto it.
+pub fn results(inj: &[Injected], s: &Summary, dir: &Path, origin: u64) -> Vec<FaultResult> {
+    let rel = |us: u64| (us as f64 - origin as f64) / 1e6;
+    let shift = rel(s.run_start_unix_us);
+    let mut s = s.clone();
+    for e in &mut s.membership {
+        e.t_s += shift;
+    }
+    let rows: Vec<(f64, String)> = fanin_node::icn::summary::TfCsv::read(dir)
+        .into_iter()
+        .map(|(t, status)| (t + shift, status))
+        .collect();
     inj.iter()
         .map(|i| {
             let at = i.at_unix_us.map(rel);

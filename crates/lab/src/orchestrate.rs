@@ -228,6 +228,9 @@ impl Sweep<'_> {
                         if !s.invariant_ok {
                             failures.push(format!("{prefix}: accounting invariant violated"));
                         }
+                        if let Some(short) = s.ended_short() {
+                            failures.push(format!("{prefix}: {short}"));
+                        }
                         fault_runs.push(faults);
                         done.push(s);
                     }

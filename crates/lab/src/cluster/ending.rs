@@ -97,7 +97,11 @@ pub(super) fn summary(
     }
     let mut s: Summary = serde_json::from_str(&std::fs::read_to_string(&summary_path)?)
         .with_context(|| format!("reading {}", summary_path.display()))?;
-    let mut results = faults::results(injected, &s, &summary_dir);
+    // One clock: the first run's start (after a take-over, the standby's times shift).
+    let origin = takeover
+        .first_started_unix_us
+        .unwrap_or(s.run_start_unix_us);
+    let mut results = faults::results(injected, &s, &summary_dir, origin);
     if took_over {
         let line = takeover_event(dir, injected, takeover, &mut results);
         s.events.push(line);

@@ -120,6 +120,8 @@ fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Duration {
 /// A standby's take-over, in UNIX µs: when it was elected, when its run started.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Takeover {
+    /// When the first ICN's run started: every fault time is relative to it.
+    pub first_started_unix_us: Option<u64>,
     pub elected_unix_us: Option<u64>,
     pub started_unix_us: Option<u64>,
 }
@@ -215,9 +217,12 @@ impl Watch {
             IcnLine::Started { unix_us } if on_standby => {
                 self.takeover.started_unix_us = Some(unix_us);
             }
-            IcnLine::Started { unix_us } if !self.planned.is_empty() => {
-                let planned = std::mem::take(&mut self.planned);
-                self.injector = Some(faults::inject(planned, unix_us, self.nodes.clone()));
+            IcnLine::Started { unix_us } => {
+                self.takeover.first_started_unix_us = Some(unix_us);
+                if !self.planned.is_empty() {
+                    let planned = std::mem::take(&mut self.planned);
+                    self.injector = Some(faults::inject(planned, unix_us, self.nodes.clone()));
+                }
             }
             IcnLine::Progress { issued, ended, .. } => {
                 self.bar.set_position(ended);

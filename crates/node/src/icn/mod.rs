@@ -126,9 +126,38 @@ struct Leadership {
     /// Held for the run: dropping it gives the leadership up.
     _lead: Option<crate::registry::Leadership>,
     /// Resolves once when the leadership is lost; None after (or without a registry).
-    lost: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    lost: Option<BoxFuture<()>>,
+    /// After a loss: winning the election again (the run goes on), or another ICN leads.
+    reelect: Option<BoxFuture<Result<crate::registry::Leadership, String>>>,
+    /// When the leadership was lost (for the outage's length).
+    lost_at: Option<Instant>,
     members: Option<tokio::sync::watch::Receiver<crate::registry::Membership>>,
+    registry: Option<crate::registry::ZkRegistry>,
+    control: String,
     id_base: u64,
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// After the leadership was lost (the session expired, or the registry was unreachable
+/// for most of the session time-out): this ICN leads again once the registry is back and
+/// no other ICN took over, and the run goes on; if another ICN leads, the run ends here.
+async fn reelect(
+    r: crate::registry::ZkRegistry,
+    control: String,
+) -> Result<crate::registry::Leadership, String> {
+    loop {
+        match r.leader(RUN).await {
+            Ok(Some(other)) if other != control => return Err(other),
+            // None, our own znode of the expired session, or no answer: try to lead.
+            _ => {}
+        }
+        let attempt = tokio::time::timeout(Duration::from_secs(1), r.elect(RUN, &control));
+        if let Ok(Ok(lead)) = attempt.await {
+            return Ok(lead);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 impl Leadership {
@@ -136,7 +165,11 @@ impl Leadership {
         let mut l = Leadership {
             _lead: None,
             lost: None,
+            reelect: None,
+            lost_at: None,
             members: None,
+            registry: None,
+            control: control.to_string(),
             id_base: 0,
         };
         let Some(r) = &opts.registry else {
@@ -154,6 +187,7 @@ impl Leadership {
         l.members = Some(r.watch(RUN).await?);
         l.lost = Some(Box::pin(lead.lost()));
         l._lead = Some(lead);
+        l.registry = Some(r);
         Ok(l)
     }
 
@@ -171,10 +205,38 @@ impl Leadership {
                 None => std::future::pending().await,
             }
         };
+        let reelected = async {
+            match self.reelect.as_mut() {
+                Some(f) => f.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = lost => {
                 self.lost = None;
-                Input::LostLeadership
+                self.lost_at = Some(Instant::now());
+                let r = self.registry.clone().expect("a leadership has a registry");
+                self.reelect = Some(Box::pin(reelect(r, self.control.clone())));
+                Input::RegistryOutage(
+                    "lost the registry leadership (session ended); the run goes on while no other ICN leads".into(),
+                )
+            }
+            again = reelected => {
+                self.reelect = None;
+                let secs = self.lost_at.take().map(|t| t.elapsed().as_secs_f64()).unwrap_or(0.0);
+                match again {
+                    Ok(lead) => {
+                        self.lost = Some(Box::pin(lead.lost()));
+                        self._lead = Some(lead);
+                        Input::RegistryOutage(format!(
+                            "leads again in the registry after {secs:.1} s; the run went on"
+                        ))
+                    }
+                    Err(other) => {
+                        tracing::warn!("ICN: the ICN at {other} leads now");
+                        Input::LostLeadership
+                    }
+                }
             }
             ok = changed => match (ok, self.members.as_mut()) {
                 (true, Some(m)) => Input::Membership(m.borrow_and_update().clone()),

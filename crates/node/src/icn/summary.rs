@@ -95,6 +95,10 @@ pub struct Summary {
     /// `fanin run`'s sweeps: `c01-r01`, or the experiment's directory for a single run).
     #[serde(default)]
     pub run: String,
+    /// TFs the configuration asked for, when known in advance (`tfs`, or a paced
+    /// duration): a run that issued fewer ended short.
+    #[serde(default)]
+    pub planned_tfs: Option<u64>,
 }
 
 /// The ICN's own count of what it did, kept apart from the ledger: TF ids handed out
@@ -128,17 +132,22 @@ fn invariant_ok(ledger: &Ledger, tally: &Tally) -> bool {
         && tally.ids == tally.completed + tally.incomplete + tally.dropped
 }
 
-/// Why a run is not valid: a broken invariant, a loss over the configured bound, or
+/// Why a run is not valid: a broken invariant, fewer TFs issued than planned, a loss
+/// over the configured bound, or
 /// (paced) an achieved duration outside the TDR's +-1 % of the configured one.
 fn invalid_reason(
     cfg: &Checked,
     invariant_ok: bool,
+    issued: u64,
     loss_pct: f64,
     duration_s: f64,
     configured: Option<f64>,
 ) -> Option<String> {
     if !invariant_ok {
         return Some("accounting invariant violated".to_string());
+    }
+    if let Some(p) = cfg.total_tfs.filter(|p| issued < *p) {
+        return Some(format!("the run ended after issuing {issued} of {p} TFs"));
     }
     if loss_pct > cfg.cfg.max_loss_pct {
         return Some(format!(
@@ -190,7 +199,14 @@ impl Summary {
         } else {
             100.0 * lost as f64 / ledger.issued as f64
         };
-        let invalid_reason = invalid_reason(cfg, invariant_ok, loss_pct, duration_s, configured);
+        let invalid_reason = invalid_reason(
+            cfg,
+            invariant_ok,
+            ledger.issued,
+            loss_pct,
+            duration_s,
+            configured,
+        );
         let names = |m: &BTreeMap<fanin_proto::Reason, u64>| {
             m.iter()
                 .map(|(r, n)| (r.name().to_string(), *n))
@@ -245,6 +261,23 @@ impl Summary {
             run_start_unix_us: 0,
             interrupted: false,
             run: String::new(),
+            planned_tfs: cfg.total_tfs,
+        }
+    }
+
+    /// Why the run ended before it issued what it planned, unless the operator stopped it.
+    pub fn ended_short(&self) -> Option<String> {
+        match self.planned_tfs {
+            Some(p) if self.issued < p && !self.interrupted => Some(format!(
+                "the run ended after issuing {} of {p} TFs{}",
+                self.issued,
+                self.events
+                    .iter()
+                    .find(|e| e.contains("lost leadership"))
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            )),
+            _ => None,
         }
     }
 
@@ -411,6 +444,47 @@ mod tests {
             ..Tally::default()
         };
         Summary::build(1, &cfg, &l, &tally, 0.1, BTreeMap::new(), vec![])
+    }
+
+    #[test]
+    fn a_run_that_ended_short_of_its_length_is_never_valid() {
+        let cfg = RunConfig {
+            rate_hz: 100.0,
+            tfs: Some(100),
+            duration_s: None,
+            stf_size: "1KiB".into(),
+            ..RunConfig::default()
+        }
+        .check()
+        .unwrap();
+        let mut l = Ledger::new();
+        for tf in 0..40u64 {
+            l.issue(tf, 0, tf * 10_000);
+            l.report(
+                tf,
+                0,
+                TfStatus::Complete,
+                Reason::None,
+                1024,
+                tf * 10_000 + 500,
+            );
+        }
+        let tally = Tally {
+            ids: 40,
+            completed: 40,
+            ..Tally::default()
+        };
+        let mut s = Summary::build(1, &cfg, &l, &tally, 0.1, BTreeMap::new(), vec![]);
+        assert_eq!(s.loss_pct, 0.0, "nothing issued was lost ...");
+        assert!(!s.valid, "... but the run is not what was asked for");
+        let why = s.invalid_reason.clone().unwrap();
+        assert!(why.contains("ended after issuing 40 of 100 TFs"), "{why}");
+        assert!(s.ended_short().is_some());
+        s.interrupted = true;
+        assert!(
+            s.ended_short().is_none(),
+            "the operator's stop is no failure"
+        );
     }
 
     #[test]

@@ -82,8 +82,10 @@ pub enum Input {
     Membership(Membership),
     /// The registry's membership watch ended: leases detect failures again.
     MembershipLost,
-    /// This ICN lost its registry leadership: another ICN may lead now.
+    /// This ICN lost its registry leadership: another ICN leads now.
     LostLeadership,
+    /// The registry was lost or came back while no other ICN leads: noted, the run goes on.
+    RegistryOutage(String),
     /// The shell woke up at (or after) `poll_timeout`.
     Timeout,
     /// The operator asked the run to stop (SIGINT/SIGTERM): the first time, stop
@@ -278,6 +280,12 @@ impl IcnCore {
                 self.registry_members = None;
             }
             Input::LostLeadership => self.on_lost_leadership(),
+            Input::RegistryOutage(what) => {
+                let t = self.now_us() as f64 / 1e6;
+                let line = format!("t={t:.3}s registry: {what}");
+                self.log(Level::Warn, line.clone());
+                self.note(line);
+            }
             Input::Interrupt => self.on_interrupt(),
             Input::Timeout => self.on_timeout(),
         }

@@ -141,7 +141,7 @@ impl IcnCore {
         }
         // Another ICN may lead now: stop issuing, end the run and write its summary.
         self.lost_leadership = true;
-        let msg = "lost leadership: this ICN's registry session expired; the run ends here";
+        let msg = "lost leadership: another ICN leads now; the run ends here";
         self.log(Level::Warn, msg.into());
         self.note(msg.into());
         match self.phase {
