@@ -223,6 +223,13 @@ fn bad_configuration_values_name_their_field() {
     );
     one_line_error(&["icn", "--rate", "-3"], &["rate_hz"]);
     one_line_error(&["icn", "--flps", "-3"], &["--flps"]);
+    one_line_error(&["icn", "--flps", "100000"], &["flps"]);
+    one_line_error(&["--threads", "0", "run"], &["--threads"]);
+    one_line_error(&["--threads", "100000", "run"], &["--threads"]);
+    one_line_error(
+        &["flp", "--icn", "127.0.0.1:1", "--connect-timeout", "1e19"],
+        &["--connect-timeout"],
+    );
     one_line_error(
         &[
             "epn",
