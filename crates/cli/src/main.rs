@@ -200,18 +200,8 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
             Secret::load(a.secret_file.as_deref())?;
             format!("ICN of {} FLPs and {} EPNs", cfg.cfg.flps, cfg.cfg.epns)
         }
-        Cmd::Flp(a) => {
-            Secret::load(a.common.secret_file.as_deref())?;
-            bytes_arg("send-buffer", &a.send_buffer)?;
-            connect_timeout(a.common.connect_timeout)?;
-            "FLP".into()
-        }
-        Cmd::Epn(a) => {
-            Secret::load(a.common.secret_file.as_deref())?;
-            bytes_arg("build-buffer", &a.build_buffer)?;
-            connect_timeout(a.common.connect_timeout)?;
-            "EPN".into()
-        }
+        Cmd::Flp(a) => flp_options(&a).map(|_| "FLP".to_string())?,
+        Cmd::Epn(a) => epn_options(&a).map(|_| "EPN".to_string())?,
         Cmd::Plot { dir } => format!("plot of {}", dir.display()),
         Cmd::Bench(_) | Cmd::Testbed(_) => "arguments".into(),
     };
@@ -279,41 +269,45 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             anyhow::ensure!(summary.invariant_ok, "accounting invariant violated");
             Ok(())
         }
-        Cmd::Flp(a) => {
-            flp::run(flp::FlpOptions {
-                secret: Secret::load(a.common.secret_file.as_deref())?,
-                registry: node_registry(&a.common)?,
-                icn: a.common.icn,
-                id: a.common.id,
-                control_bind: a.common.control_bind,
-                data_bind: a.data_bind,
-                send_buffer: bytes_arg("send-buffer", &a.send_buffer)?,
-                metrics_bind: a.common.metrics,
-                connect_timeout: connect_timeout(a.common.connect_timeout)?,
-            })
-            .await
-        }
-        Cmd::Epn(a) => {
-            anyhow::ensure!(a.max_building > 0, "--max-building must be at least 1");
-            epn::run(epn::EpnOptions {
-                secret: Secret::load(a.common.secret_file.as_deref())?,
-                registry: node_registry(&a.common)?,
-                icn: a.common.icn,
-                id: a.common.id,
-                data_bind: a.data_bind,
-                advertise: a.advertise,
-                control_bind: a.common.control_bind,
-                build_buffer: bytes_arg("build-buffer", &a.build_buffer)?,
-                max_building: a.max_building,
-                metrics_bind: a.common.metrics,
-                connect_timeout: connect_timeout(a.common.connect_timeout)?,
-                die_after_tfs: a.die_after_tfs,
-            })
-            .await
-        }
+        Cmd::Flp(a) => flp::run(flp_options(&a)?).await,
+        Cmd::Epn(a) => epn::run(epn_options(&a)?).await,
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Sim(a) => sim::run(a, false),
     }
+}
+
+/// An FLP's options from its flags, every value checked.
+fn flp_options(a: &FlpArgs) -> anyhow::Result<flp::FlpOptions> {
+    Ok(flp::FlpOptions {
+        secret: Secret::load(a.common.secret_file.as_deref())?,
+        registry: node_registry(&a.common)?,
+        icn: a.common.icn,
+        id: a.common.id,
+        control_bind: a.common.control_bind,
+        data_bind: a.data_bind,
+        send_buffer: bytes_arg("send-buffer", &a.send_buffer)?,
+        metrics_bind: a.common.metrics,
+        connect_timeout: connect_timeout(a.common.connect_timeout)?,
+    })
+}
+
+/// An EPN's options from its flags, every value checked.
+fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
+    anyhow::ensure!(a.max_building > 0, "--max-building must be at least 1");
+    Ok(epn::EpnOptions {
+        secret: Secret::load(a.common.secret_file.as_deref())?,
+        registry: node_registry(&a.common)?,
+        icn: a.common.icn,
+        id: a.common.id,
+        data_bind: a.data_bind,
+        advertise: a.advertise,
+        control_bind: a.common.control_bind,
+        build_buffer: bytes_arg("build-buffer", &a.build_buffer)?,
+        max_building: a.max_building,
+        metrics_bind: a.common.metrics,
+        connect_timeout: connect_timeout(a.common.connect_timeout)?,
+        die_after_tfs: a.die_after_tfs,
+    })
 }
 
 fn main() {

@@ -178,7 +178,8 @@ pub fn sh(argv: &[String]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn up(a: UpArgs) -> anyhow::Result<()> {
+/// The testbed `up` builds: the preset (or the default) with the command line's changes.
+fn spec_of(a: &UpArgs) -> anyhow::Result<Spec> {
     let mut s = match &a.preset {
         Some(p) => spec::preset(p)?,
         None => Spec {
@@ -218,6 +219,11 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
         Some(false) => s.aux = None,
         _ => {}
     }
+    Ok(s)
+}
+
+fn up(a: UpArgs) -> anyhow::Result<()> {
+    let s = spec_of(&a)?;
     s.check()?;
     need_root("fanin testbed up")?;
     let delay = s.data.delay_us > 0 || s.aux.is_some_and(|a| a.delay_us > 0);

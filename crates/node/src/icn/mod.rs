@@ -52,11 +52,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         .with_context(|| format!("ICN control bind {}", opts.control_bind))?;
     let control = listener.local_addr()?;
     // Checked before anything else (a standby too, before it waits to be elected).
-    if let Some(dir) = &opts.results_dir {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("results directory {}", dir.display()))?;
-        summary::write_atomic(&dir.join("config.toml"), &toml::to_string(&opts.run.cfg)?)?;
-    }
+    prepare_results(&opts)?;
     let mut lead = Leadership::take(&opts, control).await?;
     let metrics = Metrics::new("icn", None);
     let metrics_addr = match opts.metrics_bind {
@@ -76,21 +72,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         cfg.policy
     );
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(4096);
-    // Members: every node of the run, plus room for rejoining ones whose old
-    // connection has not closed yet.
-    let max_members = (cfg.flps + cfg.epns) as usize * 2 + 16;
-    if opts.secret.is_empty() {
-        tracing::warn!(
-            "ICN: no run secret (--secret-file or FANIN_SECRET): any process that reaches this port can join the run"
-        );
-    }
-    let acceptor = tokio::spawn(peer::accept_loop(
-        listener,
-        ev_tx,
-        metrics.clone(),
-        max_members,
-        Arc::new(opts.secret.clone()),
-    ));
+    let acceptor = start_acceptor(&opts, listener, ev_tx, &metrics);
     let core = IcnCore::new(
         CoreConfig {
             run: opts.run.clone(),
@@ -118,6 +100,42 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     acceptor.abort();
     result?;
     shell.finish(&opts)
+}
+
+/// The results directory made and the configuration written into it, or a clear error.
+fn prepare_results(opts: &IcnOptions) -> anyhow::Result<()> {
+    if let Some(dir) = &opts.results_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("results directory {}", dir.display()))?;
+        summary::write_atomic(&dir.join("config.toml"), &toml::to_string(&opts.run.cfg)?)?;
+    }
+    Ok(())
+}
+
+/// The task admitting FLPs and EPNs that prove the run secret.
+fn start_acceptor(
+    opts: &IcnOptions,
+    listener: TcpListener,
+    events: mpsc::Sender<Event>,
+    metrics: &Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    let cfg = &opts.run.cfg;
+    // Members: every node of the run, plus room for rejoining ones whose old
+    // connection has not closed yet.
+    let max_members = (cfg.flps + cfg.epns) as usize * 2 + 16;
+    if opts.secret.is_empty() {
+        tracing::warn!(
+            "ICN: no run secret (--secret-file or FANIN_SECRET): any process that reaches this port can join the run"
+        );
+    }
+    let secret = Arc::new(opts.secret.clone());
+    tokio::spawn(peer::accept_loop(
+        listener,
+        events,
+        metrics.clone(),
+        max_members,
+        secret,
+    ))
 }
 
 /// The ICN's place in the registry (ZooKeeper): leadership, its TF ids, the membership

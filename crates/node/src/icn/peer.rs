@@ -167,7 +167,7 @@ async fn serve_peer(
         events, metrics, ..
     } = ctx;
     let (tx, writer) = spawn_writer(wr, peer.to_string());
-    let (kill, mut killed) = oneshot::channel();
+    let (kill, killed) = oneshot::channel();
     if events
         .send(Event::Registered {
             conn,
@@ -181,28 +181,45 @@ async fn serve_peer(
     {
         return;
     }
-    let err = loop {
+    let Some(err) = forward_frames(conn, peer, &mut rd, killed, writer, &events, &metrics).await
+    else {
+        return;
+    };
+    let _ = events.send(Event::Closed { conn, err }).await;
+}
+
+/// Forwards every frame of a registered peer to the ICN task until the peer closes
+/// (`Some(error, if any)`), or the ICN drops the peer or stops (`None`).
+async fn forward_frames(
+    conn: ConnId,
+    peer: SocketAddr,
+    rd: &mut BufReader<OwnedReadHalf>,
+    mut killed: oneshot::Receiver<()>,
+    writer: tokio::task::JoinHandle<()>,
+    events: &mpsc::Sender<Event>,
+    metrics: &Metrics,
+) -> Option<Option<String>> {
+    loop {
         tokio::select! {
             // The ICN refused or dropped this peer: stop reading; the writer flushes
             // what is queued (a Reject) and closes the socket.
             _ = &mut killed => {
                 let _ = writer.await;
-                return;
+                return None;
             }
-            r = read_frame(&mut rd, MAX_CONTROL_BODY) => match r {
+            r = read_frame(rd, MAX_CONTROL_BODY) => match r {
                 Ok(Some(msg)) => {
                     if events.send(Event::Msg { conn, msg }).await.is_err() {
-                        return;
+                        return None;
                     }
                 }
-                Ok(None) => break None,
+                Ok(None) => return Some(None),
                 Err(e) => {
                     tracing::warn!("ICN: peer {peer}: {e}; closing");
                     metrics.error(e.kind());
-                    break Some(e.to_string());
+                    return Some(Some(e.to_string()));
                 }
             }
         }
-    };
-    let _ = events.send(Event::Closed { conn, err }).await;
+    }
 }

@@ -20,17 +20,8 @@ impl IcnCore {
     }
 
     pub(super) fn on_register(&mut self, conn: ConnId, peer: SocketAddr, reg: Register) {
-        if let Some(id) = reg.node_id {
-            let cfg = &self.cfg.run.cfg;
-            let count = match reg.role {
-                Role::Flp => cfg.flps,
-                Role::Epn => cfg.epns,
-            };
-            if id >= count {
-                let name = reg.role.name();
-                let msg = format!("unknown {name} id {id} (this run has {name}s 0..{count})");
-                return self.reject(conn, peer, RejectCode::UnknownId, msg);
-            }
+        if let Some(msg) = self.unknown_id(&reg) {
+            return self.reject(conn, peer, RejectCode::UnknownId, msg);
         }
         let midrun = matches!(self.phase, Phase::Running | Phase::Draining);
         if self.phase != Phase::Registering && !midrun {
@@ -90,6 +81,19 @@ impl IcnCore {
         {
             self.prepare();
         }
+    }
+
+    /// Why the id asked for is not one of this run's (FLPs 0..flps, EPNs 0..epns).
+    fn unknown_id(&self, reg: &Register) -> Option<String> {
+        let cfg = &self.cfg.run.cfg;
+        let count = match reg.role {
+            Role::Flp => cfg.flps,
+            Role::Epn => cfg.epns,
+        };
+        let name = reg.role.name();
+        reg.node_id
+            .filter(|id| *id >= count)
+            .map(|id| format!("unknown {name} id {id} (this run has {name}s 0..{count})"))
     }
 
     fn new_peer(
