@@ -247,43 +247,6 @@ fn bad_configuration_values_name_their_field() {
     );
 }
 
-/// Checked once, before anything runs: a testbed needs root.
-#[test]
-fn a_testbed_run_without_root_says_so_before_anything_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    // nobody may not reach the checkout: the binary and the file go to the open directory.
-    let exe = dir.path().join("fanin");
-    std::fs::copy(env!("CARGO_BIN_EXE_fanin"), &exe).unwrap();
-    let exp = dir.path().join("tdr-zookeeper.toml");
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../experiments/tdr-zookeeper.toml"
-    );
-    std::fs::copy(src, &exp).unwrap();
-    let out = std::process::Command::new("runuser")
-        .args(["-u", "nobody", "--"])
-        .arg(&exe)
-        .arg("run")
-        .arg(&exp)
-        .arg("--results")
-        .arg(dir.path().join("results"))
-        .output()
-        .expect("runuser (util-linux) runs a command as nobody");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        err.contains("needs root") && err.contains("--local"),
-        "{err}"
-    );
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(!dir.path().join("results").exists(), "nothing written");
-}
-
 #[test]
 fn host_names_are_accepted_wherever_addresses_are() {
     // localhost resolves; nothing listens on port 1, so the FLP gives up naming the ICN.

@@ -327,3 +327,44 @@ fn down_without_a_name_takes_down_what_up_made() {
     );
     assert!(owned("fanin").is_empty(), "{:?}", owned("fanin"));
 }
+
+/// Checked once, before anything runs: a testbed needs root.
+#[test]
+fn a_testbed_run_without_root_says_so_before_anything_runs() {
+    // Needs root to become another user (runuser).
+    if !root_or_skip("a_testbed_run_without_root_says_so_before_anything_runs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    // nobody may not reach the checkout: the binary and the file go to the open directory.
+    let exe = dir.path().join("fanin");
+    std::fs::copy(env!("CARGO_BIN_EXE_fanin"), &exe).unwrap();
+    let exp = dir.path().join("tdr-zookeeper.toml");
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../experiments/tdr-zookeeper.toml"
+    );
+    std::fs::copy(src, &exp).unwrap();
+    let out = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(&exe)
+        .arg("run")
+        .arg(&exp)
+        .arg("--results")
+        .arg(dir.path().join("results"))
+        .output()
+        .expect("runuser (util-linux) runs a command as nobody");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("needs root") && err.contains("--local"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(!dir.path().join("results").exists(), "nothing written");
+}

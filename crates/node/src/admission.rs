@@ -15,13 +15,16 @@ use crate::metrics::Metrics;
 
 /// How long a new connection has to prove itself (Challenge -> Register / DataHello).
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
-/// Connections proving themselves at once, in all and from one source address.
+/// Connections proving themselves at once, in all (at least; twice the run's nodes for
+/// a larger run) and from one source address.
 pub const PENDING_MAX: usize = 64;
 pub const PENDING_PER_SOURCE: usize = 32;
 
 /// The pool of connections still in their handshake.
 pub struct Admission {
     pending: Mutex<Pending>,
+    /// Places in the pool: `PENDING_MAX`, or more for a large run.
+    capacity: usize,
     metrics: Arc<Metrics>,
     /// Refusals logged: at most `LOG_PER_SECOND` lines a second, the rest counted.
     pub log: LogLimit,
@@ -32,6 +35,29 @@ struct Pending {
     next: u64,
     /// Ticket -> (source, eviction switch: dropping it ends that handshake).
     by_ticket: BTreeMap<u64, (IpAddr, oneshot::Sender<()>)>,
+}
+
+impl Pending {
+    /// Whose place a newcomer from `source` takes, if the pool has no room.
+    fn victim(&self, source: IpAddr, capacity: usize) -> Option<u64> {
+        let mut per_source: BTreeMap<IpAddr, (usize, u64)> = BTreeMap::new();
+        for (t, (ip, _)) in &self.by_ticket {
+            let e = per_source.entry(*ip).or_insert((0, *t));
+            e.0 += 1; // tickets ascend: the first seen is the source's oldest
+        }
+        let own = per_source.get(&source).copied();
+        if let Some((n, oldest)) = own.filter(|(n, _)| *n >= PENDING_PER_SOURCE) {
+            debug_assert!(n >= PENDING_PER_SOURCE);
+            return Some(oldest);
+        }
+        if self.by_ticket.len() < capacity {
+            return None;
+        }
+        per_source
+            .values()
+            .max_by_key(|(n, oldest)| (*n, std::cmp::Reverse(*oldest)))
+            .map(|(_, oldest)| *oldest)
+    }
 }
 
 /// A connection's place in the pool; `evicted` fires when a newcomer takes it.
@@ -48,42 +74,32 @@ impl Drop for Ticket {
 }
 
 impl Admission {
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Admission> {
+    /// A pool for a listener that expects about `nodes` peers.
+    pub fn new(metrics: Arc<Metrics>, nodes: usize) -> Arc<Admission> {
         Arc::new(Admission {
             pending: Mutex::new(Pending::default()),
+            capacity: PENDING_MAX.max(nodes.saturating_mul(2)),
             metrics,
             log: LogLimit::new(LOG_PER_SECOND),
         })
     }
 
-    /// A place for a new connection from `peer`, evicting the oldest pending one from
-    /// the same source when it has `PENDING_PER_SOURCE`, else the oldest of all when
-    /// the pool is full. The ticket leaves the pool when dropped (handshake over).
+    /// A place for a new connection from `peer`. When its source already holds
+    /// `PENDING_PER_SOURCE` places, its own oldest goes; when the pool is full, the oldest
+    /// of the source holding the most places goes (a flood evicts itself first). The
+    /// ticket leaves the pool when dropped (handshake over).
     pub fn enter(self: &Arc<Self>, peer: SocketAddr) -> Ticket {
         let (tx, rx) = oneshot::channel();
         let mut p = self.pending.lock().unwrap();
-        let source = peer.ip();
-        let same: Vec<u64> = p
-            .by_ticket
-            .iter()
-            .filter(|(_, (ip, _))| *ip == source)
-            .map(|(t, _)| *t)
-            .collect();
-        let victim = if same.len() >= PENDING_PER_SOURCE {
-            same.first().copied()
-        } else if p.by_ticket.len() >= PENDING_MAX {
-            p.by_ticket.keys().next().copied()
-        } else {
-            None
-        };
+        let victim = p.victim(peer.ip(), self.capacity);
         if let Some(v) = victim {
             p.by_ticket.remove(&v); // dropping its sender ends that handshake
             self.metrics.error("handshake_evicted");
         }
         let id = p.next;
         p.next += 1;
-        p.by_ticket.insert(id, (source, tx));
-        debug_assert!(p.by_ticket.len() <= PENDING_MAX);
+        p.by_ticket.insert(id, (peer.ip(), tx));
+        debug_assert!(p.by_ticket.len() <= self.capacity);
         Ticket {
             id,
             pool: self.clone(),
@@ -152,7 +168,7 @@ mod tests {
 
     #[test]
     fn a_full_pool_evicts_the_oldest_and_never_grows() {
-        let pool = Admission::new(Metrics::new("test", None));
+        let pool = Admission::new(Metrics::new("test", None), 0);
         let mut tickets: Vec<Ticket> = (0..PENDING_PER_SOURCE as u16)
             .map(|i| pool.enter(addr([10, 0, 0, 1], i)))
             .collect();
@@ -177,6 +193,31 @@ mod tests {
         );
         drop(tickets);
         assert_eq!(pool.pending(), 0, "a finished handshake leaves the pool");
+    }
+
+    #[test]
+    fn a_flood_from_two_sources_evicts_itself_not_a_third_source() {
+        let pool = Admission::new(Metrics::new("test", None), 0);
+        let mut real = pool.enter(addr([10, 0, 0, 9], 1));
+        let mut flood = Vec::new();
+        for i in 0..1000u16 {
+            flood.push(pool.enter(addr([10, 0, 0, 1 + (i % 2) as u8], i)));
+        }
+        assert_eq!(
+            real.evicted.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        );
+        assert_eq!(pool.pending(), PENDING_MAX);
+    }
+
+    #[test]
+    fn a_large_run_gets_a_larger_pool() {
+        let pool = Admission::new(Metrics::new("test", None), 300);
+        let t: Vec<Ticket> = (0..600u16)
+            .map(|i| pool.enter(addr([10, 1, (i / 20) as u8, 1], i)))
+            .collect();
+        assert_eq!(pool.pending(), 600);
+        drop(t);
     }
 
     #[test]

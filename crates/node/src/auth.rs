@@ -40,11 +40,8 @@ impl Secret {
             );
             return Ok(Secret(trimmed.to_vec()));
         }
-        Ok(Secret(
-            std::env::var_os(SECRET_ENV)
-                .map(|v| v.into_encoded_bytes())
-                .unwrap_or_default(),
-        ))
+        let env = std::env::var_os(SECRET_ENV).map(|v| v.into_encoded_bytes());
+        Ok(Secret(env.unwrap_or_default().trim_ascii_end().to_vec()))
     }
 
     /// A fresh random secret (32 bytes, as 64 hex digits) for one `fanin run`.

@@ -33,14 +33,20 @@ where
     let mut since = tokio::time::Instant::now();
     let mut backoff = BACKOFF_MIN;
     loop {
+        let began = tokio::time::Instant::now();
         match once(rejoins > 0).await {
             Ok(()) => return Ok(()),
             Err(NodeError::LostIcn(e)) if rejoins < MAX_REJOINS => {
                 rejoins += 1;
-                since = tokio::time::Instant::now();
-                backoff = BACKOFF_MIN;
                 metrics.error("rejoin");
-                tracing::warn!("{e}; joining again");
+                // A node that keeps losing its run at once waits longer each time.
+                if began.elapsed() > LONG_INCARNATION {
+                    backoff = BACKOFF_MIN;
+                }
+                tracing::warn!("{e}; joining again in {} ms", backoff.as_millis());
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                since = tokio::time::Instant::now();
             }
             Err(NodeError::IcnUnreachable(e)) if since.elapsed() < connect_timeout => {
                 tracing::info!("{e}; trying again in {} ms", backoff.as_millis());
@@ -282,6 +288,9 @@ fatal_from!(std::io::Error, ConnError, mpsc::error::SendError<Message>);
 /// With a registry, how long one attempt to reach the elected ICN may take before the
 /// node asks the registry again (a new ICN may have been elected meanwhile).
 pub const REGISTRY_CONNECT_ATTEMPT: Duration = Duration::from_secs(1);
+
+/// An incarnation that lasted this long was a run, not a failed attempt: back-off resets.
+const LONG_INCARNATION: Duration = Duration::from_secs(10);
 
 /// Back-off between attempts to join: doubling from the first to the last.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);

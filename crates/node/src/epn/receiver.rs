@@ -179,6 +179,7 @@ async fn handshake<R: AsyncRead + Unpin>(
         read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
     };
     let hello = tokio::select! {
+        biased; // a hello that came in time wins over a late eviction
         r = read => r,
         _ = &mut ticket.evicted => {
             ctx.metrics.error("handshake_evicted");
@@ -237,9 +238,13 @@ async fn serve_flp(
         ctx.metrics.error("too_many_connections");
         return Err(format!("FLP {flp}: every data connection place is taken"));
     };
-    wr.write_all(&Message::DataHelloAck { epn_id: ctx.me }.encode())
+    if let Err(e) = wr
+        .write_all(&Message::DataHelloAck { epn_id: ctx.me }.encode())
         .await
-        .map_err(|e| e.to_string())?;
+    {
+        ctx.connected.lock().unwrap().remove(&flp);
+        return Err(e.to_string());
+    }
     tracing::debug!("EPN {}: FLP {flp} connected from {peer}", ctx.me);
     let res = read_stfs(&mut rd, flp, ctx).await;
     ctx.connected.lock().unwrap().remove(&flp);

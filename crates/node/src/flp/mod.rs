@@ -109,9 +109,13 @@ async fn run_once(
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
         let stream = shell.connect(e).await.map_err(|err| {
-            // The EPN may be frozen or dying (the ICN will see it soon), or still holding
-            // our old connection: leave, and join again (first join and rejoin alike).
-            NodeError::LostIcn(format!("FLP {me}: {err:#}"))
+            match err.downcast_ref::<sender::EpnRefused>() {
+                // A wrong secret or run, an unknown id: trying again cannot help.
+                Some(r) if !r.code.transient() => NodeError::Fatal(err),
+                // The EPN may be frozen or dying (the ICN will see it soon), or still
+                // holding our old connection: leave, and join again.
+                _ => NodeError::LostIcn(format!("FLP {me}: {err:#}")),
+            }
         })?;
         shell.start_sender(e.epn_id, stream);
     }

@@ -53,6 +53,15 @@ pub struct SendCtx {
     pub secret: crate::auth::Secret,
 }
 
+/// An EPN refused the data connection; `code` says whether trying again can help.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: refused: {reason}")]
+pub struct EpnRefused {
+    pub what: String,
+    pub code: fanin_proto::RejectCode,
+    pub reason: String,
+}
+
 pub async fn connect_epn(
     ctx: &SendCtx,
     epn: EpnId,
@@ -78,7 +87,12 @@ pub async fn connect_epn(
         Ok(Some(Message::DataHelloAck { epn_id })) => {
             bail!("{what} at {addr}: answered as EPN {epn_id}")
         }
-        Ok(Some(Message::Reject { reason, .. })) => bail!("{what} at {addr}: refused: {reason}"),
+        Ok(Some(Message::Reject { code, reason })) => Err(EpnRefused {
+            what: format!("{what} at {addr}"),
+            code,
+            reason,
+        }
+        .into()),
         Ok(other) => bail!("{what} at {addr}: expected DataHelloAck, got {other:?}"),
         Err(e) => bail!("{what} at {addr}: {e}"),
     }

@@ -164,15 +164,20 @@ async fn reelect(
     r: crate::registry::ZkRegistry,
     control: String,
 ) -> Result<crate::registry::Leadership, String> {
+    let mut attempt = 0u64;
     loop {
+        attempt += 1;
         match r.leader(RUN).await {
             Ok(Some(other)) if other != control => return Err(other),
             // None, our own znode of the expired session, or no answer: try to lead.
             _ => {}
         }
-        let attempt = tokio::time::timeout(Duration::from_secs(1), r.elect(RUN, &control));
-        if let Ok(Ok(lead)) = attempt.await {
+        let elect = tokio::time::timeout(Duration::from_secs(1), r.elect(RUN, &control));
+        if let Ok(Ok(lead)) = elect.await {
             return Ok(lead);
+        }
+        if attempt.is_multiple_of(25) {
+            tracing::warn!("ICN: the registry is still out of reach; the run goes on");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -235,9 +240,10 @@ impl Leadership {
                 self.lost_at = Some(Instant::now());
                 let r = self.registry.clone().expect("a leadership has a registry");
                 self.reelect = Some(Box::pin(reelect(r, self.control.clone())));
-                Input::RegistryOutage(
-                    "lost the registry leadership (session ended); the run goes on while no other ICN leads".into(),
-                )
+                Input::RegistryOutage {
+                    lost: true,
+                    what: "lost the registry leadership (session ended); the run goes on while no other ICN leads, leases detect failed nodes".into(),
+                }
             }
             again = reelected => {
                 self.reelect = None;
@@ -246,9 +252,10 @@ impl Leadership {
                     Ok(lead) => {
                         self.lost = Some(Box::pin(lead.lost()));
                         self._lead = Some(lead);
-                        Input::RegistryOutage(format!(
-                            "leads again in the registry after {secs:.1} s; the run went on"
-                        ))
+                        Input::RegistryOutage {
+                            lost: false,
+                            what: format!("leads again in the registry after {secs:.1} s; the run went on"),
+                        }
                     }
                     Err(other) => {
                         tracing::warn!("ICN: the ICN at {other} leads now");

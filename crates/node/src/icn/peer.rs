@@ -47,7 +47,7 @@ pub async fn accept_loop(
 ) {
     let mut next: ConnId = 1;
     let members = Arc::new(Semaphore::new(max_peers));
-    let admission = Admission::new(metrics.clone());
+    let admission = Admission::new(metrics.clone(), max_peers);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -108,6 +108,7 @@ async fn handshake(
         read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
     };
     let first = tokio::select! {
+        biased; // a Register that came in time wins over a late eviction
         r = read => r,
         _ = &mut ticket.evicted => {
             ctx.refuse(peer, "handshake_evicted", "still silent when newer connections came");

@@ -331,10 +331,14 @@ impl Summary {
 /// Writes `path` through a temporary file beside it and a rename: readers see the old
 /// file or the whole new one. The error names the path.
 pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)
-        .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!("writing {}: {e}", path.display())
+    })
 }
 
 /// Streams one row per ended TF to `tfs.csv` (memory stays flat however long the run).

@@ -524,7 +524,8 @@ impl IcnCore {
             self.member_event(&node, "lost", 0, 0, why.to_string());
             format!("t={t:.3}s {name} lost ({why}); TFs are dropped (flp_lost) until it rejoins")
         };
-        if let Some(e) = self.membership.iter_mut().rev().find(|e| e.node == node) {
+        // The event just recorded (none when the summary's list is full).
+        if let Some(e) = self.membership.last_mut().filter(|e| e.node == node) {
             e.policy_us = policy_us;
         }
         self.log(Level::Warn, msg.clone());

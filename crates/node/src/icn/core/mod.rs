@@ -84,8 +84,9 @@ pub enum Input {
     MembershipLost,
     /// This ICN lost its registry leadership: another ICN leads now.
     LostLeadership,
-    /// The registry was lost or came back while no other ICN leads: noted, the run goes on.
-    RegistryOutage(String),
+    /// The registry's leadership was lost (`lost`) or won back while no other ICN leads:
+    /// noted, the run goes on; from the loss on, leases detect failed nodes.
+    RegistryOutage { lost: bool, what: String },
     /// The shell woke up at (or after) `poll_timeout`.
     Timeout,
     /// The operator asked the run to stop (SIGINT/SIGTERM): the first time, stop
@@ -280,7 +281,10 @@ impl IcnCore {
                 self.registry_members = None;
             }
             Input::LostLeadership => self.on_lost_leadership(),
-            Input::RegistryOutage(what) => {
+            Input::RegistryOutage { lost, what } => {
+                if lost {
+                    self.registry_members = None;
+                }
                 let t = self.now_us() as f64 / 1e6;
                 let line = format!("t={t:.3}s registry: {what}");
                 self.log(Level::Warn, line.clone());
