@@ -41,6 +41,9 @@ pub struct IcnOptions {
     pub registry: Option<RegistryOpts>,
 }
 
+/// Events (frames, connections) queued from the connection tasks to the ICN task.
+const EVENT_QUEUE: usize = 4096;
+
 /// TF ids one ICN reserves at once when the run length is not known in advance.
 const ID_BLOCK: u64 = 1 << 32;
 
@@ -71,7 +74,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         cfg.epns,
         cfg.policy
     );
-    let (ev_tx, ev_rx) = mpsc::channel::<Event>(4096);
+    let (ev_tx, ev_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let acceptor = start_acceptor(&opts, listener, ev_tx, &metrics);
     let core = IcnCore::new(
         CoreConfig {
@@ -317,6 +320,14 @@ impl Shell {
                     None => break,
                 },
                 _ = tokio::time::sleep_until(wake.unwrap_or(far)) => {
+                    // Frames already queued count before the deadline: a busy ICN must
+                    // not end the lease of a node whose heartbeat waits in its queue.
+                    for _ in 0..EVENT_QUEUE {
+                        match ev_rx.try_recv() {
+                            Ok(ev) => self.on_event(ev),
+                            Err(_) => break,
+                        }
+                    }
                     self.feed(Input::Timeout)
                 }
                 _ = progress.tick() => {
