@@ -79,16 +79,16 @@ pub fn documented_run_keys() -> Vec<(String, String)> {
     keys
 }
 
-fn help(key: &str, default: &Value) -> String {
+fn help(key: &str, default: &Value, docs: &[(String, String)]) -> String {
     let default = match default {
         Value::Null => "none".to_string(),
         Value::String(s) => s.clone(),
         v => v.to_string(),
     };
-    let doc = documented_run_keys()
-        .into_iter()
+    let doc = docs
+        .iter()
         .find(|(k, _)| k == key)
-        .map(|(_, d)| d)
+        .map(|(_, d)| d.as_str())
         .unwrap_or_default();
     let mut h = format!("{doc} [default {default}]");
     if key == "policy" {
@@ -100,12 +100,13 @@ fn help(key: &str, default: &Value) -> String {
 
 impl clap::Args for RunOverrides {
     fn augment_args(mut cmd: Command) -> Command {
+        let docs = documented_run_keys(); // read once: every fanin process builds these
         for (key, default) in run_keys() {
             let mut arg = Arg::new(key.clone())
                 .long(flag_name(&key))
                 .value_name("VALUE")
                 .allow_negative_numbers(true)
-                .help(help(&key, &default))
+                .help(help(&key, &default, &docs))
                 .help_heading("Run parameters (override the file's [run])");
             if let Some((_, alias)) = ALIASES.iter().find(|(k, _)| *k == key) {
                 arg = arg.visible_alias(*alias);

@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::metrics::Metrics;
+use fanin_proto::{Message, Nonce, MAX_CONTROL_BODY};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::conn::{read_frame_within, write_msg};
 
 /// How long a new connection has to prove itself (Challenge -> Register / DataHello).
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -25,7 +28,6 @@ pub struct Admission {
     pending: Mutex<Pending>,
     /// Places in the pool: `PENDING_MAX`, or more for a large run.
     capacity: usize,
-    metrics: Arc<Metrics>,
     /// Refusals logged: at most `LOG_PER_SECOND` lines a second, the rest counted.
     pub log: LogLimit,
 }
@@ -67,6 +69,49 @@ pub struct Ticket {
     pub evicted: oneshot::Receiver<()>,
 }
 
+/// Why a handshake ended without a first frame: the error kind (for the metric) and a
+/// line for the log.
+pub struct Silent {
+    pub kind: &'static str,
+    pub why: String,
+}
+
+impl Ticket {
+    /// The handshake's first half, the same on every listener: the Challenge out, then
+    /// the peer's first frame within the deadline, unless a newcomer evicts this
+    /// connection first (a frame that came in time wins). `None`: it left without a word.
+    pub async fn challenge<R, W>(
+        &mut self,
+        rd: &mut R,
+        wr: &mut W,
+    ) -> Result<(Nonce, Option<Message>), Silent>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let nonce = crate::auth::nonce();
+        let read = async {
+            write_msg(wr, &Message::Challenge { nonce }).await?;
+            read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
+        };
+        let first = tokio::select! {
+            biased;
+            r = read => r,
+            _ = &mut self.evicted => return Err(Silent {
+                kind: "handshake_evicted",
+                why: "still silent when newer connections came".into(),
+            }),
+        };
+        match first {
+            Ok(frame) => Ok((nonce, frame)),
+            Err(e) => Err(Silent {
+                kind: e.kind(),
+                why: e.to_string(),
+            }),
+        }
+    }
+}
+
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.pool.pending.lock().unwrap().by_ticket.remove(&self.id);
@@ -75,11 +120,10 @@ impl Drop for Ticket {
 
 impl Admission {
     /// A pool for a listener that expects about `nodes` peers.
-    pub fn new(metrics: Arc<Metrics>, nodes: usize) -> Arc<Admission> {
+    pub fn new(nodes: usize) -> Arc<Admission> {
         Arc::new(Admission {
             pending: Mutex::new(Pending::default()),
             capacity: PENDING_MAX.max(nodes.saturating_mul(2)),
-            metrics,
             log: LogLimit::new(LOG_PER_SECOND),
         })
     }
@@ -93,8 +137,7 @@ impl Admission {
         let mut p = self.pending.lock().unwrap();
         let victim = p.victim(peer.ip(), self.capacity);
         if let Some(v) = victim {
-            p.by_ticket.remove(&v); // dropping its sender ends that handshake
-            self.metrics.error("handshake_evicted");
+            p.by_ticket.remove(&v); // dropping its sender ends that handshake (it counts)
         }
         let id = p.next;
         p.next += 1;
@@ -168,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_full_pool_evicts_the_oldest_and_never_grows() {
-        let pool = Admission::new(Metrics::new("test", None), 0);
+        let pool = Admission::new(0);
         let mut tickets: Vec<Ticket> = (0..PENDING_PER_SOURCE as u16)
             .map(|i| pool.enter(addr([10, 0, 0, 1], i)))
             .collect();
@@ -197,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_flood_from_two_sources_evicts_itself_not_a_third_source() {
-        let pool = Admission::new(Metrics::new("test", None), 0);
+        let pool = Admission::new(0);
         let mut real = pool.enter(addr([10, 0, 0, 9], 1));
         let mut flood = Vec::new();
         for i in 0..1000u16 {
@@ -212,7 +255,7 @@ mod tests {
 
     #[test]
     fn a_large_run_gets_a_larger_pool() {
-        let pool = Admission::new(Metrics::new("test", None), 300);
+        let pool = Admission::new(300);
         let t: Vec<Ticket> = (0..600u16)
             .map(|i| pool.enter(addr([10, 1, (i / 20) as u8, 1], i)))
             .collect();

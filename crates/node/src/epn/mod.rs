@@ -119,7 +119,7 @@ async fn run_once(
         metrics: metrics.clone(),
         connected: Default::default(),
         secret: opts.secret.clone(),
-        admission: crate::admission::Admission::new(metrics.clone(), prep.flps as usize),
+        admission: crate::admission::Admission::new(prep.flps as usize),
     });
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener, ctx)));
     let builder = Builder::<Vec<u8>>::new(

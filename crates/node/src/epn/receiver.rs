@@ -6,19 +6,17 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fanin_proto::{
-    Message, Nonce, Proof, Reason, RejectCode, StfHeader, MAX_CONTROL_BODY, STF_HEADER_LEN,
-};
+use fanin_proto::{Message, Nonce, Proof, Reason, RejectCode, StfHeader, STF_HEADER_LEN};
 use fanin_sched::{EpnId, FlpId, TfId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::admission::{Admission, Ticket, HANDSHAKE_DEADLINE};
+use crate::admission::{Admission, Ticket};
 
 use crate::budget::ByteBudget;
-use crate::conn::{read_exact_or_eof, read_frame_within, read_header, ConnError};
+use crate::conn::{read_exact_or_eof, read_header, ConnError};
 use crate::metrics::Metrics;
 
 /// What data connections and the control connection tell the builder task.
@@ -173,25 +171,19 @@ async fn handshake<R: AsyncRead + Unpin>(
     ticket: &mut Ticket,
     ctx: &DataCtx,
 ) -> Result<Option<FlpId>, String> {
-    let nonce = crate::auth::nonce();
-    let read = async {
-        crate::conn::write_msg(wr, &Message::Challenge { nonce }).await?;
-        read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
-    };
-    let hello = tokio::select! {
-        biased; // a hello that came in time wins over a late eviction
-        r = read => r,
-        _ = &mut ticket.evicted => {
-            ctx.metrics.error("handshake_evicted");
-            return Err("still silent when newer connections came".into());
+    let (nonce, hello) = match ticket.challenge(rd, wr).await {
+        Ok(x) => x,
+        Err(s) => {
+            ctx.metrics.error(s.kind);
+            return Err(s.why);
         }
     };
     match hello {
-        Ok(Some(Message::DataHello {
+        Some(Message::DataHello {
             run_id,
             flp_id,
             proof,
-        })) => match refusal(ctx, &nonce, (run_id, flp_id, &proof)) {
+        }) => match refusal(ctx, &nonce, (run_id, flp_id, &proof)) {
             None => Ok(Some(flp_id)),
             Some((code, reason)) => {
                 ctx.metrics.error(if code == RejectCode::BadProof {
@@ -207,14 +199,10 @@ async fn handshake<R: AsyncRead + Unpin>(
                 Err(reason)
             }
         },
-        Ok(None) => Ok(None),
-        Ok(Some(other)) => {
+        None => Ok(None),
+        Some(other) => {
             ctx.metrics.error("unexpected_message");
             Err(format!("expected DataHello, got {:?}", other.msg_type()))
-        }
-        Err(e) => {
-            ctx.metrics.error(e.kind());
-            Err(e.to_string())
         }
     }
 }

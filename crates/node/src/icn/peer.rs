@@ -11,9 +11,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::admission::{Admission, Ticket, HANDSHAKE_DEADLINE};
-use crate::auth::{self, Secret};
-use crate::conn::{read_frame, read_frame_within, spawn_writer, write_msg};
+use crate::admission::{Admission, Ticket};
+use crate::auth::Secret;
+use crate::conn::{read_frame, spawn_writer, write_msg};
 use crate::metrics::Metrics;
 
 pub type ConnId = u64;
@@ -47,7 +47,7 @@ pub async fn accept_loop(
 ) {
     let mut next: ConnId = 1;
     let members = Arc::new(Semaphore::new(max_peers));
-    let admission = Admission::new(metrics.clone(), max_peers);
+    let admission = Admission::new(max_peers);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
@@ -102,29 +102,19 @@ async fn handshake(
     ticket: &mut Ticket,
     ctx: &PeerCtx,
 ) -> Option<Register> {
-    let nonce = auth::nonce();
-    let read = async {
-        write_msg(wr, &Message::Challenge { nonce }).await?;
-        read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
-    };
-    let first = tokio::select! {
-        biased; // a Register that came in time wins over a late eviction
-        r = read => r,
-        _ = &mut ticket.evicted => {
-            ctx.refuse(peer, "handshake_evicted", "still silent when newer connections came");
+    let (nonce, first) = match ticket.challenge(rd, wr).await {
+        Ok(x) => x,
+        Err(s) => {
+            ctx.refuse(peer, s.kind, &s.why);
             return None;
         }
     };
     let reg = match first {
-        Ok(Some(Message::Register(reg))) => reg,
-        Ok(None) => return None, // connected and left without a word (a port probe)
-        Ok(Some(other)) => {
+        Some(Message::Register(reg)) => reg,
+        None => return None, // connected and left without a word (a port probe)
+        Some(other) => {
             let why = format!("expected Register, got {:?}", other.msg_type());
             ctx.refuse(peer, "unexpected_message", &why);
-            return None;
-        }
-        Err(e) => {
-            ctx.refuse(peer, e.kind(), &e.to_string());
             return None;
         }
     };

@@ -132,6 +132,13 @@ fn invariant_ok(ledger: &Ledger, tally: &Tally) -> bool {
         && tally.ids == tally.completed + tally.incomplete + tally.dropped
 }
 
+/// Fewer TFs issued than planned, said as such.
+fn short_of(issued: u64, planned: Option<u64>) -> Option<String> {
+    planned
+        .filter(|p| issued < *p)
+        .map(|p| format!("the run ended after issuing {issued} of {p} TFs"))
+}
+
 /// Why a run is not valid: a broken invariant, fewer TFs issued than planned, a loss
 /// over the configured bound, or
 /// (paced) an achieved duration outside the TDR's +-1 % of the configured one.
@@ -146,8 +153,8 @@ fn invalid_reason(
     if !invariant_ok {
         return Some("accounting invariant violated".to_string());
     }
-    if let Some(p) = cfg.total_tfs.filter(|p| issued < *p) {
-        return Some(format!("the run ended after issuing {issued} of {p} TFs"));
+    if let Some(why) = short_of(issued, cfg.total_tfs) {
+        return Some(why);
     }
     if loss_pct > cfg.cfg.max_loss_pct {
         return Some(format!(
@@ -266,19 +273,9 @@ impl Summary {
     }
 
     /// Why the run ended before it issued what it planned, unless the operator stopped it.
+    /// (Its events, printed with the run, say what ended it.)
     pub fn ended_short(&self) -> Option<String> {
-        match self.planned_tfs {
-            Some(p) if self.issued < p && !self.interrupted => Some(format!(
-                "the run ended after issuing {} of {p} TFs{}",
-                self.issued,
-                self.events
-                    .iter()
-                    .find(|e| e.contains("lost leadership"))
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
-            )),
-            _ => None,
-        }
+        short_of(self.issued, self.planned_tfs).filter(|_| !self.interrupted)
     }
 
     pub const CSV_HEADER: &'static str = "run,run_id,flps,epns,rate_hz,stf_size,policy,issued,completed,incomplete,dropped,lost,loss_pct,split,duplicate_stfs,crc_errors,goodput_gbps,duration_s,rate_hz_achieved,latency_p50_ms,latency_p99_ms,latency_max_ms,prerun_s,invariant_ok,valid";
