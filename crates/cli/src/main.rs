@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use fanin_lab::{bench, clock_run_id, experiment, orchestrate, plot, table, testbed, RunOverrides};
+use fanin_lab::{
+    bench, clock_run_id, experiment, orchestrate, plot, table, testbed, tf_files, RunOverrides,
+};
 use fanin_node::auth::Secret;
 use fanin_node::config::Registry;
 use fanin_node::registry::runtime::RegistryOpts;
@@ -56,6 +58,21 @@ enum Cmd {
     /// An emulated cluster: network namespaces behind a bridge, tc-shaped links (root).
     #[command(subcommand)]
     Testbed(testbed::TestbedCmd),
+    /// List the TFs of files written by an EPN's file or burst sink, checking every CRC.
+    Inspect {
+        /// TF files (`*.fanin`).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only the totals, not one line per TF.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Make EPNs with a burst sink save their ring and the following seconds.
+    Trigger {
+        /// The EPNs' metrics addresses (`fanin epn --metrics`).
+        #[arg(long = "epn", required = true, value_parser = socket_addr)]
+        epns: Vec<SocketAddr>,
+    },
 }
 
 #[derive(Args)]
@@ -153,6 +170,20 @@ struct EpnArgs {
     /// Fault injection ("Goat"): crash (SIGKILL) after reporting this many complete TFs.
     #[arg(long)]
     die_after_tfs: Option<u64>,
+    /// Where built TFs go, any number: exec:CMD, plugin:LIB.so[,ARG..], file:DIR[,..],
+    /// burst:DIR[,..], tap:IP:PORT[,..] (docs/sinks.md). None: built and discarded.
+    #[arg(long = "sink", value_name = "SPEC")]
+    sinks: Vec<epn::sink::SinkSpec>,
+    /// With sinks, a TF is complete when every sink accepted it, or when it is built.
+    #[arg(long, default_value = "accepted", value_parser = ["accepted", "built"])]
+    complete_on: String,
+    /// Hand TFs to the sinks in TF-id order; the oldest missing one is given up
+    /// (order_given_up) once this many newer TFs wait for it.
+    #[arg(long, value_name = "GIVE_UP_AFTER")]
+    in_order: Option<usize>,
+    /// What a dying exec sink does: restart it, or leave the run.
+    #[arg(long, default_value = "restart")]
+    on_sink_failure: epn::sink::OnFailure,
 }
 
 fn node_registry(c: &NodeCommon) -> anyhow::Result<Option<RegistryOpts>> {
@@ -203,7 +234,13 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Flp(a) => flp_options(&a).map(|_| "FLP".to_string())?,
         Cmd::Epn(a) => epn_options(&a).map(|_| "EPN".to_string())?,
         Cmd::Plot { dir } => format!("plot of {}", dir.display()),
-        Cmd::Bench(_) | Cmd::Testbed(_) => "arguments".into(),
+        Cmd::Bench(_) | Cmd::Testbed(_) | Cmd::Trigger { .. } => "arguments".into(),
+        Cmd::Inspect { files, .. } => {
+            for f in &files {
+                anyhow::ensure!(f.is_file(), "{}: no such file", f.display());
+            }
+            format!("{} TF files", files.len())
+        }
     };
     println!("ok: {what}");
     Ok(())
@@ -273,7 +310,26 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         Cmd::Epn(a) => epn::run(epn_options(&a)?).await,
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Sim(a) => sim::run(a, false),
+        Cmd::Inspect { files, quiet } => inspect(&files, quiet),
+        Cmd::Trigger { epns } => {
+            for e in epns {
+                println!("{}", tf_files::trigger(e)?);
+            }
+            Ok(())
+        }
     }
+}
+
+/// `fanin inspect`: fails if any file has a CRC error or is not a TF file.
+fn inspect(files: &[PathBuf], quiet: bool) -> anyhow::Result<()> {
+    let mut bad = 0;
+    for f in files {
+        let i = tf_files::inspect(f)?;
+        print!("{}", i.render(f, !quiet));
+        bad += i.crc_errors;
+    }
+    anyhow::ensure!(bad == 0, "{bad} STFs failed their CRC check");
+    Ok(())
 }
 
 /// An FLP's options from its flags, every value checked.
@@ -294,6 +350,11 @@ fn flp_options(a: &FlpArgs) -> anyhow::Result<flp::FlpOptions> {
 /// An EPN's options from its flags, every value checked.
 fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
     anyhow::ensure!(a.max_building > 0, "--max-building must be at least 1");
+    anyhow::ensure!(a.in_order != Some(0), "--in-order must be at least 1");
+    anyhow::ensure!(
+        a.in_order.is_none() || !a.sinks.is_empty(),
+        "--in-order orders what goes to sinks: give at least one --sink"
+    );
     Ok(epn::EpnOptions {
         secret: Secret::load(a.common.secret_file.as_deref())?,
         registry: node_registry(&a.common)?,
@@ -307,7 +368,28 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
         metrics_bind: a.common.metrics,
         connect_timeout: connect_timeout(a.common.connect_timeout)?,
         die_after_tfs: a.die_after_tfs,
+        sinks: sinks_checked(&a.sinks)?,
+        complete_on: match a.complete_on.as_str() {
+            "built" => epn::core::CompleteOn::Built,
+            _ => epn::core::CompleteOn::Accepted,
+        },
+        in_order: a.in_order,
+        on_sink_failure: a.on_sink_failure,
     })
+}
+
+/// The sinks, with every plug-in library present.
+fn sinks_checked(sinks: &[epn::sink::SinkSpec]) -> anyhow::Result<Vec<epn::sink::SinkSpec>> {
+    for s in sinks {
+        if let epn::sink::SinkSpec::Plugin { lib, .. } = s {
+            anyhow::ensure!(
+                lib.is_file(),
+                "--sink plugin:{}: no such file",
+                lib.display()
+            );
+        }
+    }
+    Ok(sinks.to_vec())
 }
 
 fn main() {

@@ -42,6 +42,8 @@ pub struct Experiment {
     pub testbed: Option<Placement>,
     /// Faults injected into every run (`[[fault]]`).
     pub faults: Vec<crate::faults::Fault>,
+    /// Where EPNs send built TFs (`[[sink]]`, `[epn]`).
+    pub epn: crate::epn_plan::EpnPlan,
 }
 
 /// Which network carries control traffic (ICN<->FLP, EPN->ICN) on a testbed.
@@ -125,7 +127,7 @@ fn number(v: Option<&Value>, field: &str) -> anyhow::Result<Option<f64>> {
 }
 
 /// Top-level keys of a runtime experiment file.
-const TOP_KEYS: [&str; 8] = [
+const TOP_KEYS: [&str; 10] = [
     "name",
     "description",
     "repetitions",
@@ -134,6 +136,8 @@ const TOP_KEYS: [&str; 8] = [
     "matrix",
     "testbed",
     "fault",
+    "sink",
+    "epn",
 ];
 
 /// One configuration before it is typed: its label (if given), its table, the
@@ -162,6 +166,9 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
         }
     };
     let faults = faults(&doc, &configs).with_context(|| format!("experiment {origin}"))?;
+    let max_epns = configs.iter().map(|c| c.run.epns).min().unwrap_or(0);
+    let epn = crate::epn_plan::EpnPlan::parse(doc.get("sink"), doc.get("epn"), max_epns)
+        .with_context(|| format!("experiment {origin}"))?;
     Ok(Experiment {
         name,
         description,
@@ -169,6 +176,7 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
         configs,
         testbed,
         faults,
+        epn,
     })
 }
 

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod epn_plan;
 pub mod experiment;
 pub mod faults;
 pub mod orchestrate;
@@ -12,5 +13,6 @@ pub mod plot;
 pub mod process;
 pub mod table;
 pub mod testbed;
+pub mod tf_files;
 
 pub use overrides::{clock_run_id, RunOverrides};

@@ -267,7 +267,16 @@ impl Sweep<'_> {
         prefix: &str,
     ) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
         let stop = Some(self.interrupts.clone());
-        let (s, faults) = run_on(&c.run, dir, prefix, self.net, &self.exp.faults, stop).await?;
+        let (s, faults) = run_on(
+            &c.run,
+            dir,
+            prefix,
+            self.net,
+            &self.exp.faults,
+            &self.exp.epn,
+            stop,
+        )
+        .await?;
         println!(
             "{prefix}: issued {} completed {} incomplete {} dropped {} loss {:.2} % goodput {:.3} Gbit/s pre-run {:.2} s invariant {} valid {}{}",
             s.issued,

@@ -36,7 +36,11 @@ pub struct Metrics {
     level: Family<Labels, Gauge>,
     latency: Histogram,
     snapshot: Mutex<BTreeMap<String, u64>>,
+    /// What `POST /trigger` does (the EPN's burst saver); its answer is the reply.
+    trigger: Mutex<Option<TriggerFn>>,
 }
+
+pub type TriggerFn = Box<dyn Fn() -> String + Send + Sync>;
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
@@ -68,6 +72,7 @@ impl Metrics {
             buffer_limit: Family::default(),
             level: Family::default(),
             latency: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
+            trigger: Mutex::new(None),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -189,6 +194,16 @@ impl Metrics {
         self.snapshot.lock().unwrap().get(key).copied().unwrap_or(0)
     }
 
+    /// Serves `POST /trigger` with `f` from now on.
+    pub fn set_trigger(&self, f: TriggerFn) {
+        *self.trigger.lock().unwrap() = Some(f);
+    }
+
+    /// Runs the trigger, if there is one: its reply.
+    pub fn trigger(&self) -> Option<String> {
+        self.trigger.lock().unwrap().as_ref().map(|f| f())
+    }
+
     pub fn render(&self) -> String {
         let mut s = String::new();
         encode(&mut s, &self.registry).expect("writing to a String cannot fail");
@@ -231,8 +246,14 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                 let line = String::from_utf8_lossy(&req);
                 let (status, body) = if line.starts_with("GET /metrics") {
                     ("200 OK", m.render())
+                } else if line.starts_with("POST /trigger") {
+                    match m.trigger() {
+                        Some(reply) => ("200 OK", reply),
+                        None => ("404 Not Found", "no burst sink here\n".to_string()),
+                    }
                 } else {
-                    ("404 Not Found", "only GET /metrics is served\n".to_string())
+                    let only = "only GET /metrics and POST /trigger are served\n";
+                    ("404 Not Found", only.to_string())
                 };
                 let head = format!(
                     "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

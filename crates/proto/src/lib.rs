@@ -4,6 +4,7 @@
 pub mod error;
 pub mod frame;
 pub mod message;
+pub mod tf_record;
 pub mod wire;
 
 pub use error::DecodeError;

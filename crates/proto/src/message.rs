@@ -101,6 +101,9 @@ reasons! {
     Split = 14 => "split",
     NoEpnBuffer = 15 => "no_epn_buffer",
     EpnsBusy = 16 => "epns_busy",
+    SinkFailed = 17 => "sink_failed",
+    SinkRefused = 18 => "sink_refused",
+    OrderGivenUp = 19 => "order_given_up",
 }
 
 /// STF size distribution as sent on the wire; `fanin_sched::workload` interprets it.
@@ -261,6 +264,18 @@ pub struct TfReport {
     /// STFs the EPN held for this TF when it decided.
     pub stfs: u32,
     pub bytes: u64,
+}
+
+impl TfReport {
+    pub fn complete(tf_id: u64, stfs: u32, bytes: u64) -> TfReport {
+        TfReport {
+            tf_id,
+            status: TfStatus::Complete,
+            reason: Reason::None,
+            stfs,
+            bytes,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

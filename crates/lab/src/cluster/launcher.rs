@@ -83,12 +83,20 @@ pub(super) struct Launcher<'a> {
     /// This run's secret, generated here and handed to every process in its
     /// environment: a process of another run, or a stranger, cannot join.
     secret: String,
+    /// Each EPN's sinks and delivery flags.
+    pub epn_plan: &'a crate::epn_plan::EpnPlan,
 }
+
+/// No sinks: EPNs build and discard.
+static NO_SINKS: std::sync::LazyLock<crate::epn_plan::EpnPlan> =
+    std::sync::LazyLock::new(Default::default);
 
 impl<'a> Launcher<'a> {
     /// Creates `dir` with the run's `config.toml`.
     pub fn new(cfg: &'a RunConfig, dir: &Path, net: Option<&'a OnTestbed>) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Nodes run in the run's directory (relative sink paths land there).
+        let dir = &std::path::absolute(dir)?;
         let cfg_path = dir.join("config.toml");
         std::fs::write(&cfg_path, toml::to_string(cfg)?)?;
         let icn_host = net.map(|n| n.place.icn).unwrap_or(0);
@@ -106,6 +114,7 @@ impl<'a> Launcher<'a> {
             icn_control,
             registry_args: Vec::new(),
             secret: fanin_node::auth::Secret::generate().as_env(),
+            epn_plan: &NO_SINKS,
         })
     }
 
@@ -275,6 +284,7 @@ impl<'a> Launcher<'a> {
         a.extend(["--data-bind".into(), format!("{data}:0")]);
         a.extend(["--metrics".into(), "127.0.0.1:0".into()]);
         a.extend(["--build-buffer".into(), self.cfg.epn_buffer.to_string()]);
+        a.extend(self.epn_plan.argv(i));
         if let Some(ctl) = ctl {
             a.extend(["--control-bind".into(), ctl]);
         }
@@ -380,8 +390,11 @@ fn respawner(
             .append(true)
             .open(&log)
             .with_context(|| format!("opening {}", log.display()))?;
-        command(&exe, ns.as_deref(), &secret)
-            .args(&argv)
+        let mut cmd = command(&exe, ns.as_deref(), &secret);
+        if let Some(run_dir) = log.parent() {
+            cmd.current_dir(run_dir);
+        }
+        cmd.args(&argv)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(out)

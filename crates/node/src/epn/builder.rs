@@ -13,6 +13,16 @@ pub enum Out<P> {
     Report(TfReport),
     /// The builder no longer holds this payload: return its bytes to the build buffer.
     Free(P),
+    /// A complete TF for the sinks (hand-off mode): its report waits for them.
+    Built(Built<P>),
+}
+
+/// A complete TF handed on: its STFs in FLP order, with their payloads.
+#[derive(Debug, PartialEq)]
+pub struct Built<P> {
+    pub tf: TfId,
+    pub stfs: Vec<(FlpId, P)>,
+    pub bytes: u64,
 }
 
 /// Running totals, published as metrics and sent to the ICN at run end.
@@ -86,8 +96,9 @@ struct Slot<P> {
     first_us: Option<u64>,
     /// Which FLPs' STFs are held (one bit per FLP).
     have: Vec<u64>,
-    /// The held payloads: memory grows with STFs held, not with the FLP count.
-    parts: Vec<P>,
+    /// The held payloads and their FLPs: memory grows with STFs held, not with the
+    /// FLP count.
+    parts: Vec<(FlpId, P)>,
     bytes: u64,
     /// Some FLP addressed its STF of this TF to another EPN.
     split: bool,
@@ -140,6 +151,8 @@ pub struct Builder<P> {
     /// Closed TFs; `Some` holds the report still owed if the TF's assignment arrives
     /// (it was closed before the ICN's Assign came).
     closed: Recent<Option<(TfStatus, Reason)>>,
+    /// Complete TFs go out as `Out::Built` (to sinks) instead of being reported and freed.
+    hand_off: bool,
     pub counters: BuildCounters,
 }
 
@@ -155,8 +168,15 @@ impl<P> Builder<P> {
             max_slots,
             slots: HashMap::new(),
             closed: Recent::new(RECENT_TFS),
+            hand_off: false,
             counters: BuildCounters::default(),
         }
+    }
+
+    /// Complete TFs are handed on (`Out::Built`); their report is the caller's.
+    pub fn with_hand_off(mut self) -> Self {
+        self.hand_off = true;
+        self
     }
 
     /// TFs currently in building.
@@ -249,7 +269,7 @@ impl<P> Builder<P> {
     /// its later STFs as late.
     pub fn abandon(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
         if let Some(s) = self.slots.remove(&tf) {
-            out.extend(s.parts.into_iter().map(Out::Free));
+            out.extend(s.parts.into_iter().map(|(_, p)| Out::Free(p)));
         }
         match self.closed.get_mut(tf) {
             Some(owed) => *owed = None,
@@ -297,7 +317,7 @@ impl<P> Builder<P> {
             return out.push(Out::Free(payload));
         }
         s.have[w] |= bit;
-        s.parts.push(payload);
+        s.parts.push((flp, payload));
         s.bytes += bytes;
         self.counters.stfs += 1;
         self.counters.bytes += bytes;
@@ -322,7 +342,7 @@ impl<P> Builder<P> {
         if s.dropped.is_none() {
             s.dropped = Some(reason);
             // Free what we hold now: the TF cannot complete.
-            out.extend(s.parts.drain(..).map(Out::Free));
+            out.extend(s.parts.drain(..).map(|(_, p)| Out::Free(p)));
             s.have.iter_mut().for_each(|w| *w = 0);
             s.bytes = 0;
             if s.assigned {
@@ -346,7 +366,19 @@ impl<P> Builder<P> {
             return;
         };
         let (stfs, bytes) = (s.parts.len() as u32, s.bytes);
-        out.extend(s.parts.into_iter().map(Out::Free));
+        if s.assigned && status == TfStatus::Complete && self.hand_off {
+            let mut parts = s.parts;
+            parts.sort_unstable_by_key(|(flp, _)| *flp);
+            self.counters.complete += 1;
+            self.closed.insert(tf, None);
+            let built = Built {
+                tf,
+                stfs: parts,
+                bytes,
+            };
+            return out.push(Out::Built(built));
+        }
+        out.extend(s.parts.into_iter().map(|(_, p)| Out::Free(p)));
         if s.split {
             self.counters.split_flagged += 1;
         }
@@ -392,6 +424,12 @@ impl<P> Builder<P> {
         }
     }
 
+    /// The delivery order gives up waiting for `tf`: closed incomplete
+    /// (`order_given_up`), its later STFs are late.
+    pub fn give_up(&mut self, tf: TfId, out: &mut Vec<Out<P>>) {
+        self.close_incomplete(tf, Reason::OrderGivenUp, out);
+    }
+
     /// Run end: closes everything still in building.
     pub fn stop(&mut self, out: &mut Vec<Out<P>>) {
         let mut all: Vec<TfId> = self.slots.keys().copied().collect();
@@ -420,7 +458,7 @@ mod tests {
         out.iter()
             .filter_map(|o| match o {
                 Out::Report(r) => Some((r.tf_id, r.status, r.reason)),
-                Out::Free(_) => None,
+                _ => None,
             })
             .collect()
     }
@@ -430,7 +468,7 @@ mod tests {
             .iter()
             .filter_map(|o| match o {
                 Out::Free(p) => Some(*p),
-                Out::Report(_) => None,
+                _ => None,
             })
             .collect();
         v.sort_unstable();

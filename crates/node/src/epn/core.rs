@@ -1,16 +1,18 @@
 //! The EPN's decisions without I/O: the ICN's frames and the STFs that arrived go into
 //! the TF builder; TF reports, load reports and freed buffers come out.
 //!
-//! The tokio shell feeds data-connection events, control frames and 20 ms ticks in, and
-//! carries the actions out: frames to the ICN, buffers back to the pool, the goat's death.
+//! The tokio shell feeds data-connection events, control frames, 20 ms ticks and the
+//! sinks' verdicts in, and carries the actions out: frames to the ICN, built TFs to the
+//! sinks, buffers back to the pool, the goat's death.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use fanin_proto::{Message, Reason, TfStatus};
+use fanin_proto::{Message, Reason, TfReport, TfStatus};
 use fanin_sched::{EpnId, FlpId, TfId};
 
-use super::builder::{Arrival, Builder, Out};
+use super::builder::{Arrival, Builder, Built, Out};
+use super::order::Order;
 use crate::metrics::Metrics;
 
 /// Ticks (20 ms) between two load reports to the ICN: 100 ms.
@@ -33,6 +35,30 @@ pub enum Input<P> {
     Control(Message),
     /// 20 ms passed; the build buffer has `free_bytes` free.
     Tick { free_bytes: u64 },
+    /// The sinks are done with a built TF: accepted, or failed/refused (the reason).
+    Delivered {
+        tf: TfId,
+        outcome: Result<(), Reason>,
+        stfs: Vec<(FlpId, P)>,
+    },
+}
+
+/// When a handed-on TF counts as complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompleteOn {
+    /// When every sink accepted it (a sink failure drops it, named).
+    Accepted,
+    /// When built; the sinks' verdicts are only counted.
+    Built,
+}
+
+/// How built TFs leave the EPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub complete_on: CompleteOn,
+    /// Hand TFs on in TF-id order, giving the oldest up after this many newer ones.
+    pub in_order: Option<usize>,
 }
 
 /// What the EPN asks its shell to do, in order.
@@ -44,6 +70,8 @@ pub enum Action<P> {
     ControlLossy(Message),
     /// The builder no longer holds this payload: back to the build buffer.
     Free(P),
+    /// A complete TF for the sinks; `Input::Delivered` comes back.
+    Deliver(Built<P>),
     /// Fault injection ("goat"): crash now, after this many complete TFs.
     Die { complete: u64 },
     /// The run stopped: every TF is reported, the EPN may leave.
@@ -60,6 +88,13 @@ pub struct EpnCore<P> {
     metrics: Arc<Metrics>,
     scratch: Vec<Out<P>>,
     out: VecDeque<Action<P>>,
+    /// With sinks: how TFs leave; `None` builds and discards.
+    delivery: Option<Delivery>,
+    order: Option<Order<P>>,
+    /// TFs at the sinks: (STFs, bytes) for their report.
+    at_sinks: HashMap<TfId, (u32, u64)>,
+    /// RunStop came: `Stopped` once the sinks returned every TF.
+    stopping: bool,
 }
 
 impl<P> EpnCore<P> {
@@ -73,7 +108,28 @@ impl<P> EpnCore<P> {
             metrics,
             scratch: Vec::new(),
             out: VecDeque::new(),
+            delivery: None,
+            order: None,
+            at_sinks: HashMap::new(),
+            stopping: false,
         }
+    }
+
+    /// Complete TFs go to sinks (the builder must hand them off).
+    pub fn with_delivery(mut self, d: Delivery) -> Self {
+        self.order = d.in_order.map(Order::new);
+        self.delivery = Some(d);
+        self
+    }
+
+    /// TFs at the sinks or waiting for their turn.
+    pub fn delivering(&self) -> usize {
+        self.at_sinks.len() + self.order.as_ref().map_or(0, |o| o.held())
+    }
+
+    /// TFs handed on after a newer one (in-order delivery only).
+    pub fn out_of_order(&self) -> u64 {
+        self.order.as_ref().map_or(0, |o| o.out_of_order)
     }
 
     /// Feeds one input at `now_us` (µs since the run's start at this EPN).
@@ -99,13 +155,75 @@ impl<P> EpnCore<P> {
             Input::Lost { tf, reason } => self.builder.lost_stf(tf, reason, now_us, &mut out),
             Input::Control(m) => self.on_control(m, &mut out),
             Input::Tick { free_bytes } => self.on_tick(now_us, free_bytes, &mut out),
+            Input::Delivered { tf, outcome, stfs } => self.delivered(tf, outcome, stfs),
         }
-        for o in out.drain(..) {
-            self.carry(o);
-        }
+        self.settle(&mut out);
         self.scratch = out;
-        if matches!(self.out.back(), Some(Action::Stopped)) {
+        if self.stopping && self.delivering() == 0 {
+            self.stopping = false;
             debug_assert_eq!(self.builder.building(), 0, "TFs left at stop");
+            self.out.push_back(Action::Stopped);
+        }
+    }
+
+    /// Carries the builder's outputs, releasing in-order TFs and giving up the oldest
+    /// as often as the order queue asks.
+    fn settle(&mut self, out: &mut Vec<Out<P>>) {
+        loop {
+            for o in out.drain(..) {
+                self.carry(o);
+            }
+            let Some(order) = self.order.as_mut() else {
+                return;
+            };
+            let mut ready = Vec::new();
+            let give_up = order.release(&mut ready);
+            ready.into_iter().for_each(|b| self.deliver(b));
+            match give_up {
+                Some(tf) => self.builder.give_up(tf, out),
+                None => return,
+            }
+            if out.is_empty() {
+                // Nothing left to close (it had no slot): forget it.
+                self.order
+                    .as_mut()
+                    .expect("checked")
+                    .closed(give_up.expect("some"));
+            }
+        }
+    }
+
+    /// Hands a built TF to the sinks; complete now unless it waits for their verdict.
+    fn deliver(&mut self, b: Built<P>) {
+        let d = self.delivery.expect("only hand-off builders build");
+        let stfs = b.stfs.len() as u32;
+        if d.complete_on == CompleteOn::Built {
+            self.report(TfReport::complete(b.tf, stfs, b.bytes));
+        }
+        let old = self.at_sinks.insert(b.tf, (stfs, b.bytes));
+        assert!(old.is_none(), "TF {} handed on twice", b.tf);
+        self.out.push_back(Action::Deliver(b));
+    }
+
+    fn delivered(&mut self, tf: TfId, outcome: Result<(), Reason>, stfs: Vec<(FlpId, P)>) {
+        let (n, bytes) = self.at_sinks.remove(&tf).expect("a TF at the sinks");
+        for (_, p) in stfs {
+            self.out.push_back(Action::Free(p));
+        }
+        if let Err(r) = outcome {
+            self.metrics.stf("sink_verdict", r.name(), 1);
+        }
+        if self.delivery.expect("sinks").complete_on == CompleteOn::Accepted {
+            self.report(match outcome {
+                Ok(()) => TfReport::complete(tf, n, bytes),
+                Err(reason) => TfReport {
+                    tf_id: tf,
+                    status: TfStatus::Dropped,
+                    reason,
+                    stfs: n,
+                    bytes,
+                },
+            });
         }
     }
 
@@ -120,7 +238,12 @@ impl<P> EpnCore<P> {
     fn on_control(&mut self, m: Message, out: &mut Vec<Out<P>>) {
         let me = self.me;
         match m {
-            Message::Assign { tf_id, epn_id } if epn_id == me => self.builder.assigned(tf_id, out),
+            Message::Assign { tf_id, epn_id } if epn_id == me => {
+                if let Some(o) = self.order.as_mut() {
+                    o.assigned(tf_id);
+                }
+                self.builder.assigned(tf_id, out)
+            }
             Message::Assign { tf_id, epn_id } => {
                 tracing::warn!("EPN {me}: ICN sent the assignment of TF {tf_id} to EPN {epn_id}");
                 self.metrics.error("foreign_assign");
@@ -128,15 +251,15 @@ impl<P> EpnCore<P> {
             Message::Abandon { tf_id, reason } => {
                 tracing::debug!("EPN {me}: ICN abandoned TF {tf_id} ({})", reason.name());
                 self.builder.abandon(tf_id, out);
+                if let Some(o) = self.order.as_mut() {
+                    o.closed(tf_id);
+                }
             }
             Message::RunStart { run_id } => tracing::info!("EPN {me}: run {run_id} started"),
             Message::RunStop { run_id } => {
                 tracing::info!("EPN {me}: run {run_id} stopping");
                 self.builder.stop(out);
-                for o in out.drain(..) {
-                    self.carry(o);
-                }
-                self.out.push_back(Action::Stopped);
+                self.stopping = true;
             }
             other => {
                 tracing::warn!("EPN {me}: unexpected {:?} from the ICN", other.msg_type());
@@ -151,7 +274,8 @@ impl<P> EpnCore<P> {
         if self.ticks >= LOAD_REPORT_TICKS {
             self.ticks = 0;
             // For buffer-aware policies.
-            let building = self.builder.building().min(u32::MAX as usize) as u32;
+            let building = self.builder.building() + self.delivering();
+            let building = building.min(u32::MAX as usize) as u32;
             self.out
                 .push_back(Action::ControlLossy(Message::LoadReport {
                     free_bytes,
@@ -163,26 +287,36 @@ impl<P> EpnCore<P> {
     fn carry(&mut self, o: Out<P>) {
         match o {
             Out::Report(r) => {
-                self.metrics.tf(r.status.name(), r.reason.name());
-                if r.status == TfStatus::Complete {
-                    self.complete += 1;
-                    if self.die_after_tfs.is_some_and(|n| self.complete > n) {
-                        // Dies before this report leaves: the goat built n TFs.
-                        let complete = self.complete - 1;
-                        self.out.push_back(Action::Die { complete });
-                    }
+                if let Some(order) = self.order.as_mut() {
+                    order.closed(r.tf_id);
                 }
-                self.out.push_back(Action::Control(Message::TfReport(r)));
+                self.report(r)
             }
             Out::Free(p) => self.out.push_back(Action::Free(p)),
+            Out::Built(b) => match self.order.as_mut() {
+                Some(order) => order.built(b),
+                None => self.deliver(b),
+            },
         }
+    }
+
+    fn report(&mut self, r: TfReport) {
+        self.metrics.tf(r.status.name(), r.reason.name());
+        if r.status == TfStatus::Complete {
+            self.complete += 1;
+            if self.die_after_tfs.is_some_and(|n| self.complete > n) {
+                // Dies before this report leaves: the goat built n TFs.
+                let complete = self.complete - 1;
+                self.out.push_back(Action::Die { complete });
+            }
+        }
+        self.out.push_back(Action::Control(Message::TfReport(r)));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fanin_proto::TfReport;
 
     /// EPN 3 of a run with 2 FLPs and a 1 s build time-out.
     fn epn(die_after_tfs: Option<u64>) -> (EpnCore<u32>, Arc<Metrics>) {
@@ -289,6 +423,94 @@ mod tests {
         let a = drain(&mut c);
         assert_eq!(reports(&a), [(7, TfStatus::Incomplete)]);
         assert!(matches!(a.last(), Some(Action::Stopped)));
+    }
+
+    fn sinks(complete_on: CompleteOn, in_order: Option<usize>) -> EpnCore<u32> {
+        let m = Metrics::new("epn", Some(3));
+        let b = Builder::new(3, 2, 1_000_000, 16).with_hand_off();
+        let d = Delivery {
+            complete_on,
+            in_order,
+        };
+        EpnCore::new(b, None, m).with_delivery(d)
+    }
+
+    fn build(c: &mut EpnCore<u32>, tf: TfId) -> Vec<Action<u32>> {
+        assign(c, tf, 3);
+        stf(c, 0, tf, 0);
+        stf(c, 0, tf, 1)
+    }
+
+    fn delivered(a: &[Action<u32>]) -> Vec<TfId> {
+        a.iter()
+            .filter_map(|x| match x {
+                Action::Deliver(b) => Some(b.tf),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn verdict(c: &mut EpnCore<u32>, tf: TfId, outcome: Result<(), Reason>) -> Vec<Action<u32>> {
+        let stfs = vec![(0, 10), (1, 11)];
+        c.handle(0, Input::Delivered { tf, outcome, stfs });
+        drain(c)
+    }
+
+    #[test]
+    fn a_tf_handed_to_sinks_is_reported_when_they_accept_or_fail_it() {
+        let mut c = sinks(CompleteOn::Accepted, None);
+        let a = build(&mut c, 7);
+        assert_eq!(delivered(&a), [7]);
+        assert!(reports(&a).is_empty(), "no report before the verdict");
+        assert!(
+            !a.iter().any(|x| matches!(x, Action::Free(_))),
+            "buffers held"
+        );
+        let a = verdict(&mut c, 7, Ok(()));
+        assert_eq!(reports(&a), [(7, TfStatus::Complete)]);
+        assert_eq!(a.iter().filter(|x| matches!(x, Action::Free(_))).count(), 2);
+        build(&mut c, 8);
+        let a = verdict(&mut c, 8, Err(Reason::SinkFailed));
+        assert_eq!(reports(&a), [(8, TfStatus::Dropped)]);
+    }
+
+    #[test]
+    fn complete_on_built_reports_before_the_sinks_and_their_verdict_only_counts() {
+        let mut c = sinks(CompleteOn::Built, None);
+        assert_eq!(reports(&build(&mut c, 7)), [(7, TfStatus::Complete)]);
+        assert!(reports(&verdict(&mut c, 7, Err(Reason::SinkRefused))).is_empty());
+    }
+
+    #[test]
+    fn stop_waits_for_the_sinks_and_load_reports_count_what_they_hold() {
+        let mut c = sinks(CompleteOn::Accepted, None);
+        build(&mut c, 7);
+        c.handle(1, Input::Control(Message::RunStop { run_id: 1 }));
+        assert!(!drain(&mut c).iter().any(|a| matches!(a, Action::Stopped)));
+        for t in 0..LOAD_REPORT_TICKS {
+            c.handle(t, Input::Tick { free_bytes: 1 });
+        }
+        let load = Message::LoadReport {
+            free_bytes: 1,
+            building: 1,
+        };
+        assert_eq!(drain(&mut c), [Action::ControlLossy(load)]);
+        let a = verdict(&mut c, 7, Ok(()));
+        assert!(matches!(a.last(), Some(Action::Stopped)), "{a:?}");
+    }
+
+    #[test]
+    fn in_order_delivery_waits_then_gives_the_oldest_up_by_name() {
+        let mut c = sinks(CompleteOn::Accepted, Some(2));
+        assign(&mut c, 1, 3);
+        stf(&mut c, 0, 1, 0); // TF 1 misses FLP 1's STF
+        assert!(delivered(&build(&mut c, 2)).is_empty());
+        let a = build(&mut c, 3);
+        assert_eq!(reports(&a), [(1, TfStatus::Incomplete)]);
+        assert_eq!(delivered(&a), [2, 3]);
+        let late = stf(&mut c, 0, 1, 1);
+        assert!(matches!(late[..], [Action::Free(1)]), "{late:?}");
+        assert_eq!(c.builder().counters.late_stfs, 1);
     }
 
     #[test]

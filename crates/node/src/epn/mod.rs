@@ -3,7 +3,9 @@
 
 pub mod builder;
 pub mod core;
+pub mod order;
 pub mod receiver;
+pub mod sink;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -22,8 +24,9 @@ use crate::join::{incarnations, join_run, lost_icn, node_setup, AbortOnDrop, Joi
 use crate::metrics::Metrics;
 use crate::registry::{runtime::RegistryOpts, ZkRegistry};
 use builder::Builder;
-use core::{Action, EpnCore, Input};
+use core::{Action, CompleteOn, Delivery, EpnCore, Input};
 use receiver::{BufPool, BuildEvent, DataCtx};
+use sink::{OnFailure, SinkCtx, SinkSpec, Sinks};
 
 pub struct EpnOptions {
     /// The ICN's control address; with a registry, the elected ICN is used instead.
@@ -48,6 +51,12 @@ pub struct EpnOptions {
     /// Fault injection (the seed's "Goat"): crash (SIGKILL itself) after reporting
     /// this many complete TFs.
     pub die_after_tfs: Option<u64>,
+    /// Where built TFs go (none: built and discarded).
+    pub sinks: Vec<SinkSpec>,
+    pub complete_on: CompleteOn,
+    /// Hand TFs to the sinks in TF-id order, giving up the oldest after this many.
+    pub in_order: Option<usize>,
+    pub on_sink_failure: OnFailure,
 }
 
 /// Runs the EPN; if it loses the ICN mid-run (its lease expired, the ICN restarted),
@@ -128,9 +137,31 @@ async fn run_once(
         prep.build_timeout_ms as u64 * 1000,
         opts.max_building,
     );
-    let core = EpnCore::new(builder, opts.die_after_tfs, metrics.clone());
+    let (core, sinks) = match opts.sinks.is_empty() {
+        true => (
+            EpnCore::new(builder, opts.die_after_tfs, metrics.clone()),
+            None,
+        ),
+        false => {
+            let sink_ctx = SinkCtx {
+                run_id: prep.run_id,
+                epn: me,
+                metrics: metrics.clone(),
+                on_failure: opts.on_sink_failure,
+            };
+            let sinks = Sinks::start(&opts.sinks, sink_ctx, b_tx.clone())
+                .with_context(|| format!("EPN {me}"))?;
+            let delivery = Delivery {
+                complete_on: opts.complete_on,
+                in_order: opts.in_order,
+            };
+            let core = EpnCore::new(builder.with_hand_off(), opts.die_after_tfs, metrics.clone());
+            (core.with_delivery(delivery), Some(sinks))
+        }
+    };
     let shell = BuildShell {
         core,
+        sinks,
         ctl: ctl_tx.clone(),
         budget,
         pool,
@@ -145,7 +176,19 @@ async fn run_once(
     ctl_tx.send(ready).await?;
     drop(ctl_tx);
     loop {
-        match read_frame(rd, MAX_CONTROL_BODY).await {
+        let frame = tokio::select! {
+            f = read_frame(rd, MAX_CONTROL_BODY) => f,
+            // The build task ends early only when a sink cannot go on.
+            r = &mut build_task.0 => {
+                let e = match r {
+                    Ok(Err(e)) => e,
+                    Ok(Ok(())) => anyhow::anyhow!("EPN {me}: the build task ended mid-run"),
+                    Err(e) => anyhow::anyhow!("EPN {me}: the build task failed: {e}"),
+                };
+                return Err(NodeError::Fatal(e));
+            }
+        };
+        match frame {
             Ok(Some(m)) => {
                 let stop = matches!(m, Message::RunStop { .. });
                 let _ = b_tx.send(BuildEvent::Control(m)).await;
@@ -198,6 +241,7 @@ async fn bind_data(addr: SocketAddr, rejoining: bool) -> anyhow::Result<TcpListe
 /// 20 ms a tick; reports to the ICN, buffers back to the pool.
 struct BuildShell {
     core: EpnCore<Vec<u8>>,
+    sinks: Option<Sinks>,
     ctl: mpsc::Sender<Message>,
     budget: Arc<ByteBudget>,
     pool: Arc<BufPool>,
@@ -205,7 +249,17 @@ struct BuildShell {
 }
 
 impl BuildShell {
-    async fn run(mut self, mut rx: mpsc::Receiver<BuildEvent>) {
+    /// Ends at run stop, or with an error when a sink cannot go on.
+    async fn run(mut self, rx: mpsc::Receiver<BuildEvent>) -> anyhow::Result<()> {
+        let r = self.build(rx).await;
+        if let Some(sinks) = self.sinks.take() {
+            // Closing the sinks waits for their files and commands.
+            let _ = tokio::task::spawn_blocking(move || drop(sinks)).await;
+        }
+        r
+    }
+
+    async fn build(&mut self, mut rx: mpsc::Receiver<BuildEvent>) -> anyhow::Result<()> {
         let t0 = Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -218,7 +272,11 @@ impl BuildShell {
                     }
                     Some(BuildEvent::Lost { tf, reason }) => Input::Lost { tf, reason },
                     Some(BuildEvent::Control(m)) => Input::Control(m),
-                    None => return,
+                    Some(BuildEvent::Delivered { tf, outcome, stfs }) => {
+                        Input::Delivered { tf, outcome, stfs }
+                    }
+                    Some(BuildEvent::SinkFatal(msg)) => anyhow::bail!("EPN sink: {msg}"),
+                    None => return Ok(()),
                 },
                 _ = tick.tick() => {
                     publish(self.core.builder(), &self.budget, &self.metrics);
@@ -229,7 +287,7 @@ impl BuildShell {
             self.core.handle(t0.elapsed().as_micros() as u64, input);
             if self.carry_out().await {
                 publish(self.core.builder(), &self.budget, &self.metrics);
-                return;
+                return Ok(());
             }
         }
     }
@@ -249,6 +307,13 @@ impl BuildShell {
                 Action::Free(buf) => {
                     self.budget.release(buf.len() as u64);
                     self.pool.put(buf);
+                }
+                Action::Deliver(built) => {
+                    let sinks = self
+                        .sinks
+                        .as_ref()
+                        .expect("TFs are handed on only to sinks");
+                    sinks.send(built);
                 }
                 Action::Die { complete } => {
                     tracing::warn!("EPN: goat: dying after {complete} complete TFs");

@@ -33,6 +33,14 @@ pub enum BuildEvent {
     },
     /// A frame from the ICN (the control loop forwards them all).
     Control(Message),
+    /// The sinks' verdict on a built TF, with its buffers back.
+    Delivered {
+        tf: TfId,
+        outcome: Result<(), Reason>,
+        stfs: Vec<(FlpId, Vec<u8>)>,
+    },
+    /// A sink cannot go on: the EPN leaves the run.
+    SinkFatal(String),
 }
 
 /// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay

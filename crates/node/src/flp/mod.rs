@@ -2,7 +2,7 @@
 //! assignment sends its STF of that TF to the chosen EPN through a bounded send buffer.
 
 pub mod core;
-mod payload;
+pub mod payload;
 mod sender;
 
 use std::collections::HashMap;

@@ -45,8 +45,7 @@ impl Pattern {
         self.pieces(tf, len).fold(0, crc32c::crc32c_append)
     }
 
-    /// The payload bytes of `tf`, materialised (for tests).
-    #[cfg(test)]
+    /// The payload bytes of `tf`, materialised (tests check what EPNs hand on).
     pub fn bytes(&self, tf: u64, len: usize) -> Vec<u8> {
         self.pieces(tf, len).flatten().copied().collect()
     }

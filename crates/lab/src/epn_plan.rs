@@ -1,0 +1,150 @@
+//! `[[sink]]` and `[epn]` of a runtime experiment: where each EPN's built TFs go and
+//! how they are delivered, checked when the file is read, turned into `fanin epn` flags.
+//!
+//! EPNs run in their run's directory, so relative sink paths land beside its results.
+
+use anyhow::{bail, Context};
+use fanin_node::epn::sink::{OnFailure, SinkSpec};
+use serde::Deserialize;
+
+/// One `[[sink]]`: a spec for `fanin epn --sink`, on every EPN or those listed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkEntry {
+    pub spec: String,
+    pub epns: Option<Vec<u32>>,
+}
+
+/// `[epn]`: how TFs leave every EPN that has sinks.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpnSetup {
+    /// "accepted" (default) or "built".
+    pub complete_on: Option<String>,
+    /// Deliver in TF-id order, giving up the oldest after this many newer TFs.
+    pub in_order: Option<usize>,
+    /// "restart" (default) or "leave".
+    pub on_sink_failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct EpnPlan {
+    pub sinks: Vec<SinkEntry>,
+    pub setup: EpnSetup,
+}
+
+impl EpnPlan {
+    /// From the experiment's `[[sink]]` and `[epn]`, checked against its largest run.
+    pub fn parse(
+        sink: Option<&toml::Value>,
+        epn: Option<&toml::Value>,
+        max_epns: u32,
+    ) -> anyhow::Result<EpnPlan> {
+        let sinks: Vec<SinkEntry> = match sink {
+            None => Vec::new(),
+            Some(v) => typed(v).context("[[sink]]")?,
+        };
+        for s in &sinks {
+            s.spec
+                .parse::<SinkSpec>()
+                .map_err(anyhow::Error::msg)
+                .context("[[sink]]")?;
+            if let Some(bad) = s.epns.iter().flatten().find(|e| **e >= max_epns) {
+                bail!(
+                    "[[sink]] `{}`: EPN {bad} is not in a run of {max_epns} EPNs",
+                    s.spec
+                );
+            }
+        }
+        let setup: EpnSetup = match epn {
+            None => EpnSetup::default(),
+            Some(v) => typed(v).context("[epn]")?,
+        };
+        if let Some(c) = &setup.complete_on {
+            if c != "accepted" && c != "built" {
+                bail!("[epn] complete_on: `{c}` is not accepted or built");
+            }
+        }
+        if setup.in_order == Some(0) {
+            bail!("[epn] in_order: must be at least 1");
+        }
+        if let Some(f) = &setup.on_sink_failure {
+            f.parse::<OnFailure>()
+                .map_err(|e| anyhow::anyhow!("[epn] on_sink_failure: {e}"))?;
+        }
+        Ok(EpnPlan { sinks, setup })
+    }
+
+    /// The `fanin epn` flags of EPN `id`.
+    pub fn argv(&self, id: u32) -> Vec<String> {
+        let mut a = Vec::new();
+        for s in &self.sinks {
+            if s.epns.as_ref().is_none_or(|e| e.contains(&id)) {
+                a.extend(["--sink".to_string(), s.spec.clone()]);
+            }
+        }
+        if a.is_empty() {
+            return a;
+        }
+        let s = &self.setup;
+        if let Some(c) = &s.complete_on {
+            a.extend(["--complete-on".into(), c.clone()]);
+        }
+        if let Some(n) = s.in_order {
+            a.extend(["--in-order".into(), n.to_string()]);
+        }
+        if let Some(f) = &s.on_sink_failure {
+            a.extend(["--on-sink-failure".into(), f.clone()]);
+        }
+        a
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &toml::Value) -> anyhow::Result<T> {
+    v.clone()
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.message().trim()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(text: &str) -> anyhow::Result<EpnPlan> {
+        let doc: toml::Table = text.parse().unwrap();
+        EpnPlan::parse(doc.get("sink"), doc.get("epn"), 3)
+    }
+
+    #[test]
+    fn sinks_go_to_the_epns_they_name_with_the_epn_options() {
+        let p = plan(
+            "[[sink]]\nspec = \"file:tfs\"\n[[sink]]\nspec = \"exec:cat\"\nepns = [1]\n\
+             [epn]\nin_order = 4\n",
+        )
+        .unwrap();
+        assert_eq!(p.argv(0), ["--sink", "file:tfs", "--in-order", "4"]);
+        assert_eq!(
+            p.argv(1),
+            [
+                "--sink",
+                "file:tfs",
+                "--sink",
+                "exec:cat",
+                "--in-order",
+                "4"
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_entries_name_their_field() {
+        let e = plan("[[sink]]\nspec = \"mail:me\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("unknown kind"), "{e:#}");
+        let e = plan("[[sink]]\nspec = \"exec:cat\"\nepns = [3]\n").unwrap_err();
+        assert!(format!("{e:#}").contains("EPN 3"), "{e:#}");
+        let e = plan("[epn]\ncomplete_on = \"soon\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("complete_on"), "{e:#}");
+        let e = plan("[[sink]]\nspek = \"x\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("spek"), "{e:#}");
+    }
+}

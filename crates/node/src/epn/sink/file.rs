@@ -1,0 +1,193 @@
+//! The `file:` sink: built TFs appended to files of TF records (docs/sinks.md), rotated
+//! by size or age, synced as chosen. A crash leaves each file readable to its last TF.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::{options, seconds, size, Sink, SinkCtx, SinkError, TfView};
+
+/// When the writer calls fsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    Never,
+    /// When a file is closed (rotation, run end): the default.
+    Rotate,
+    /// After every TF.
+    Every,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileOpts {
+    pub dir: PathBuf,
+    /// A new file once this many bytes are written (default 1 GiB).
+    pub rotate_bytes: u64,
+    /// A new file once the current one is this old.
+    pub rotate_s: Option<Duration>,
+    pub fsync: Fsync,
+}
+
+impl FileOpts {
+    pub(super) fn parse(rest: &str) -> Result<FileOpts, String> {
+        let (dir, opts) = options(rest, &["rotate", "rotate_s", "fsync"])?;
+        let mut o = FileOpts {
+            dir: dir.into(),
+            rotate_bytes: 1 << 30,
+            rotate_s: None,
+            fsync: Fsync::Rotate,
+        };
+        for (k, v) in opts {
+            match k {
+                "rotate" => o.rotate_bytes = size(k, v)?.max(1),
+                "rotate_s" => o.rotate_s = Some(seconds(k, v)?),
+                _ => {
+                    o.fsync = match v {
+                        "never" => Fsync::Never,
+                        "rotate" => Fsync::Rotate,
+                        "every" => Fsync::Every,
+                        _ => return Err(format!("fsync: `{v}` is not never, rotate or every")),
+                    }
+                }
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// Files `PREFIX-epnN-SEQ.fanin` in one directory, never overwriting one.
+pub struct TfFiles {
+    opts: FileOpts,
+    prefix: String,
+    epn: u32,
+    seq: u32,
+    cur: Option<Open>,
+}
+
+struct Open {
+    w: BufWriter<File>,
+    path: PathBuf,
+    bytes: u64,
+    since: Instant,
+}
+
+impl TfFiles {
+    /// Creates the directory (an error names it).
+    pub fn new(opts: FileOpts, prefix: &str, epn: u32) -> anyhow::Result<TfFiles> {
+        std::fs::create_dir_all(&opts.dir)
+            .with_context(|| format!("sink directory {}", opts.dir.display()))?;
+        Ok(TfFiles {
+            opts,
+            prefix: prefix.into(),
+            epn,
+            seq: 0,
+            cur: None,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.opts.dir
+    }
+
+    /// Appends one TF; the file is flushed after it, so a crash loses no earlier TF.
+    pub fn write(&mut self, tf: &TfView) -> std::io::Result<()> {
+        self.write_record(tf.record_len(), |w| tf.write_to(w))
+    }
+
+    /// Appends one record already encoded (the burst ring).
+    pub fn write_bytes(&mut self, record: &[u8]) -> std::io::Result<()> {
+        self.write_record(record.len() as u64, |w| w.write_all(record))
+    }
+
+    fn write_record(
+        &mut self,
+        len: u64,
+        f: impl FnOnce(&mut BufWriter<File>) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        if self.cur.is_none() {
+            self.cur = Some(self.create()?);
+        }
+        let cur = self.cur.as_mut().expect("opened");
+        f(&mut cur.w)?;
+        cur.w.flush()?;
+        cur.bytes += len;
+        if self.opts.fsync == Fsync::Every {
+            cur.w.get_ref().sync_data()?;
+        }
+        let age = self.opts.rotate_s.is_some_and(|s| cur.since.elapsed() >= s);
+        if cur.bytes >= self.opts.rotate_bytes || age {
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    fn create(&mut self) -> std::io::Result<Open> {
+        loop {
+            let name = format!("{}epn{}-{:06}.fanin", self.prefix, self.epn, self.seq);
+            let path = self.opts.dir.join(name);
+            self.seq += 1;
+            match File::options().write(true).create_new(true).open(&path) {
+                Ok(f) => {
+                    let mut w = BufWriter::with_capacity(1 << 20, f);
+                    w.write_all(&fanin_proto::tf_record::encode_file_header(self.epn))?;
+                    let since = Instant::now();
+                    return Ok(Open {
+                        w,
+                        path,
+                        bytes: 0,
+                        since,
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    let msg = format!("{}: {e}", path.display());
+                    return Err(std::io::Error::new(e.kind(), msg));
+                }
+            }
+        }
+    }
+
+    /// Closes the current file (synced unless `fsync=never`); the next TF opens one.
+    pub fn close(&mut self) -> std::io::Result<()> {
+        if let Some(mut cur) = self.cur.take() {
+            cur.w.flush()?;
+            if self.opts.fsync != Fsync::Never {
+                cur.w.get_ref().sync_all()?;
+            }
+            tracing::debug!("closed {}", cur.path.display());
+        }
+        Ok(())
+    }
+}
+
+/// The `file:` sink.
+pub struct FileSink {
+    files: TfFiles,
+}
+
+impl FileSink {
+    pub fn open(opts: FileOpts, ctx: &SinkCtx) -> anyhow::Result<FileSink> {
+        Ok(FileSink {
+            files: TfFiles::new(opts, "", ctx.epn)?,
+        })
+    }
+}
+
+impl Sink for FileSink {
+    fn accept(&mut self, tf: &TfView) -> Result<(), SinkError> {
+        self.files.write(tf).map_err(|e| {
+            // The file may end in a partial record: start a fresh one for the next TF.
+            let _ = self.files.cur.take();
+            SinkError::failed(format!("file sink {}: {e}", self.files.dir().display()))
+        })
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        let dir = self.files.dir().display().to_string();
+        self.files
+            .close()
+            .with_context(|| format!("file sink {dir}"))
+    }
+}

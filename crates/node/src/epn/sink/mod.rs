@@ -1,0 +1,366 @@
+//! EPN sinks: where built TFs go (processing command, plug-in, file writer, burst saver,
+//! monitoring tap). One thread runs them in turn and returns each TF's verdict.
+//!
+//! Specs are parsed once, at the edge (`SinkSpec::from_str`); docs/sinks.md lists them.
+
+mod burst;
+mod exec;
+mod file;
+mod plugin;
+mod tap;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use fanin_proto::Reason;
+use fanin_sched::{EpnId, FlpId, TfId};
+use tokio::sync::mpsc;
+
+use super::builder::Built;
+use super::receiver::BuildEvent;
+use crate::admission::LogLimit;
+use crate::metrics::Metrics;
+
+pub use burst::BurstOpts;
+pub use exec::OnFailure;
+pub use file::{FileOpts, Fsync};
+pub use tap::TapOpts;
+
+/// One sink as given on the command line or in an experiment file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkSpec {
+    /// `exec:CMD`: TF records to the stdin of `sh -c CMD`.
+    Exec { cmd: String },
+    /// `plugin:LIB.so[,ARG...]`: the C ABI of examples/plugin/fanin_sink.h.
+    Plugin { lib: PathBuf, args: Vec<String> },
+    /// `file:DIR[,rotate=SIZE][,rotate_s=S][,fsync=never|rotate|every]`.
+    File(FileOpts),
+    /// `burst:DIR[,keep_s=S][,keep=SIZE][,after_s=S]`.
+    Burst(BurstOpts),
+    /// `tap:ADDR[,every=K][,queue=SIZE]`.
+    Tap(TapOpts),
+}
+
+impl FromStr for SinkSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (kind, rest) = s.split_once(':').ok_or_else(|| {
+            format!("sink `{s}`: expected KIND:ARG (exec, plugin, file, burst, tap)")
+        })?;
+        let err = |e: String| format!("sink `{s}`: {e}");
+        match kind {
+            "exec" if !rest.trim().is_empty() => Ok(SinkSpec::Exec { cmd: rest.into() }),
+            "exec" => Err(err("exec needs a command".into())),
+            "plugin" => {
+                let mut parts = rest.split(',').map(str::to_string);
+                let lib = PathBuf::from(parts.next().unwrap_or_default());
+                if lib.as_os_str().is_empty() {
+                    return Err(err("plugin needs a library path".into()));
+                }
+                Ok(SinkSpec::Plugin {
+                    lib,
+                    args: parts.collect(),
+                })
+            }
+            "file" => FileOpts::parse(rest).map(SinkSpec::File).map_err(err),
+            "burst" => BurstOpts::parse(rest).map(SinkSpec::Burst).map_err(err),
+            "tap" => TapOpts::parse(rest).map(SinkSpec::Tap).map_err(err),
+            _ => Err(format!(
+                "sink `{s}`: unknown kind `{kind}` (exec, plugin, file, burst, tap)"
+            )),
+        }
+    }
+}
+
+/// A spec's `key=value` options.
+type Options<'a> = Vec<(&'a str, &'a str)>;
+
+/// `PATH[,key=value...]`: the path and the options, each key known to the caller.
+fn options<'a>(rest: &'a str, known: &[&str]) -> Result<(&'a str, Options<'a>), String> {
+    let mut parts = rest.split(',');
+    let head = parts.next().unwrap_or_default();
+    if head.is_empty() {
+        return Err("needs a path or address before the options".into());
+    }
+    let mut opts = Vec::new();
+    for p in parts {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| format!("option `{p}` is not key=value"))?;
+        if !known.contains(&k) {
+            return Err(format!(
+                "unknown option `{k}` (known: {})",
+                known.join(", ")
+            ));
+        }
+        opts.push((k, v));
+    }
+    Ok((head, opts))
+}
+
+fn number<T: FromStr>(k: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("{k}: `{v}` is not a number"))
+}
+
+fn seconds(k: &str, v: &str) -> Result<std::time::Duration, String> {
+    let s: f64 = number(k, v)?;
+    std::time::Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero() && d.as_secs() <= 86_400)
+        .ok_or_else(|| format!("{k}: {v} is not within (0, 86400] seconds"))
+}
+
+fn size(k: &str, v: &str) -> Result<u64, String> {
+    fanin_sched::workload::parse_bytes(v).map_err(|e| format!("{k}: {e}"))
+}
+
+/// A built TF as the sinks see it.
+pub struct TfView<'a> {
+    pub run_id: u64,
+    pub epn: EpnId,
+    pub tf: TfId,
+    pub stfs: &'a [(FlpId, Vec<u8>)],
+    pub bytes: u64,
+}
+
+impl TfView<'_> {
+    pub fn header(&self) -> fanin_proto::tf_record::TfHeader {
+        fanin_proto::tf_record::TfHeader {
+            run_id: self.run_id,
+            tf_id: self.tf,
+            stfs: self.stfs.len() as u32,
+        }
+    }
+
+    /// Bytes of the record.
+    pub fn record_len(&self) -> u64 {
+        let stfs: u64 = self.stfs.iter().map(|(_, p)| 16 + p.len() as u64).sum();
+        32 + stfs
+    }
+
+    /// The whole record in one buffer (tap, burst ring).
+    pub fn record(&self) -> Vec<u8> {
+        let parts: Vec<(u32, &[u8])> = self.stfs.iter().map(|(f, p)| (*f, p.as_slice())).collect();
+        fanin_proto::tf_record::encode_record(self.header(), &parts)
+    }
+
+    /// Writes the record: header, then each STF header and payload (no copy).
+    pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        w.write_all(&self.header().encode())?;
+        for (flp, p) in self.stfs {
+            w.write_all(&fanin_proto::tf_record::StfRecordHeader::of(*flp, p).encode())?;
+            w.write_all(p)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a sink did not take a TF.
+#[derive(Debug)]
+pub struct SinkError {
+    /// `sink_failed` (the sink broke) or `sink_refused` (it said no).
+    pub reason: Reason,
+    pub msg: String,
+    /// The EPN must leave the run (`--on-sink-failure leave`, or no recovery).
+    pub fatal: bool,
+}
+
+impl SinkError {
+    fn failed(msg: String) -> Self {
+        SinkError {
+            reason: Reason::SinkFailed,
+            msg,
+            fatal: false,
+        }
+    }
+}
+
+pub trait Sink: Send {
+    /// Takes one TF; Ok once it holds or passed on everything it needs of it.
+    fn accept(&mut self, tf: &TfView) -> Result<(), SinkError>;
+    /// Time passed without a TF (the burst saver closes its files).
+    fn idle(&mut self) {}
+    /// Run end: flush, close, wait for children.
+    fn finish(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the sinks of one run share.
+pub struct SinkCtx {
+    pub run_id: u64,
+    pub epn: EpnId,
+    pub metrics: Arc<Metrics>,
+    pub on_failure: OnFailure,
+}
+
+/// The sink thread of one run: built TFs in, verdicts back to the build task.
+pub struct Sinks {
+    tx: Option<std::sync::mpsc::Sender<Built<Vec<u8>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sinks {
+    /// Opens every sink (commands started, libraries loaded, ports bound) and starts
+    /// the thread; an error names the sink.
+    pub fn start(
+        specs: &[SinkSpec],
+        ctx: SinkCtx,
+        verdicts: mpsc::Sender<BuildEvent>,
+    ) -> anyhow::Result<Sinks> {
+        let filtered = specs.iter().find_map(|s| match s {
+            SinkSpec::File(f) => Some(f.dir.clone()),
+            _ => None,
+        });
+        let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+        for spec in specs {
+            let sink: Box<dyn Sink> = match spec {
+                SinkSpec::Exec { cmd } => {
+                    Box::new(exec::ExecSink::start(cmd, &ctx, filtered.clone())?)
+                }
+                SinkSpec::Plugin { lib, args } => {
+                    Box::new(plugin::PluginSink::load(lib, args, &ctx)?)
+                }
+                SinkSpec::File(o) => Box::new(file::FileSink::open(o.clone(), &ctx)?),
+                SinkSpec::Burst(o) => Box::new(burst::BurstSink::open(o.clone(), &ctx)?),
+                SinkSpec::Tap(o) => Box::new(tap::TapSink::bind(o.clone(), &ctx)?),
+            };
+            sinks.push(sink);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("epn{}-sinks", ctx.epn))
+            .spawn(move || sink_thread(sinks, ctx, rx, verdicts))
+            .context("starting the sink thread")?;
+        Ok(Sinks {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands a TF on; its verdict comes back as `BuildEvent::Delivered`. The bytes it
+    /// holds stay charged to the build buffer until then, which bounds this queue.
+    pub fn send(&self, b: Built<Vec<u8>>) {
+        let tx = self.tx.as_ref().expect("open until dropped");
+        if let Err(e) = tx.send(b) {
+            // The thread ended (a fatal sink): the build task learns it by SinkFatal.
+            tracing::warn!("EPN sinks closed; TF {} not handed on", e.0.tf);
+        }
+    }
+}
+
+impl Drop for Sinks {
+    /// Closes the queue and waits for the sinks to finish their files and children.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn sink_thread(
+    mut sinks: Vec<Box<dyn Sink>>,
+    ctx: SinkCtx,
+    rx: std::sync::mpsc::Receiver<Built<Vec<u8>>>,
+    verdicts: mpsc::Sender<BuildEvent>,
+) {
+    let log = LogLimit::new(10);
+    let tick = std::time::Duration::from_millis(100);
+    loop {
+        let b = match rx.recv_timeout(tick) {
+            Ok(b) => b,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                sinks.iter_mut().for_each(|s| s.idle());
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        let (outcome, fatal) = run_sinks(&mut sinks, &ctx, &b, &log);
+        let ev = BuildEvent::Delivered {
+            tf: b.tf,
+            outcome,
+            stfs: b.stfs,
+        };
+        if verdicts.blocking_send(ev).is_err() {
+            break;
+        }
+        if let Some(msg) = fatal {
+            let _ = verdicts.blocking_send(BuildEvent::SinkFatal(msg));
+            break;
+        }
+    }
+    for s in sinks.iter_mut() {
+        if let Err(e) = s.finish() {
+            tracing::error!("EPN {}: sink: {e:#}", ctx.epn);
+            ctx.metrics.error("sink_finish");
+        }
+    }
+}
+
+/// Every sink takes the TF in turn; the first refusal or failure is its verdict.
+fn run_sinks(
+    sinks: &mut [Box<dyn Sink>],
+    ctx: &SinkCtx,
+    b: &Built<Vec<u8>>,
+    log: &LogLimit,
+) -> (Result<(), Reason>, Option<String>) {
+    let view = TfView {
+        run_id: ctx.run_id,
+        epn: ctx.epn,
+        tf: b.tf,
+        stfs: &b.stfs,
+        bytes: b.bytes,
+    };
+    let (mut outcome, mut fatal) = (Ok(()), None);
+    for s in sinks.iter_mut() {
+        if let Err(e) = s.accept(&view) {
+            let epn = ctx.epn;
+            log.warn(|| format!("EPN {epn}: TF {}: {} ({})", b.tf, e.msg, e.reason.name()));
+            ctx.metrics.error(e.reason.name());
+            outcome = outcome.and(Err(e.reason));
+            if e.fatal {
+                fatal = Some(e.msg);
+            }
+        }
+    }
+    (outcome, fatal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_with_their_options_and_errors_name_the_field() {
+        let f: SinkSpec = "file:/tmp/x,rotate=1MiB,fsync=every".parse().unwrap();
+        let SinkSpec::File(o) = f else { panic!() };
+        assert_eq!((o.rotate_bytes, o.fsync), (1 << 20, Fsync::Every));
+        assert_eq!(
+            "exec:cat > /dev/null".parse::<SinkSpec>(),
+            Ok(SinkSpec::Exec {
+                cmd: "cat > /dev/null".into()
+            })
+        );
+        let e = "file:/tmp/x,rotat=1".parse::<SinkSpec>().unwrap_err();
+        assert!(e.contains("unknown option `rotat`"), "{e}");
+        let e = "tap:127.0.0.1:0,every=0".parse::<SinkSpec>().unwrap_err();
+        assert!(e.contains("every"), "{e}");
+        let e = "burst:/tmp/b,keep_s=-1".parse::<SinkSpec>().unwrap_err();
+        assert!(e.contains("keep_s"), "{e}");
+        assert!("mail:me"
+            .parse::<SinkSpec>()
+            .unwrap_err()
+            .contains("unknown kind"));
+        let p: SinkSpec = "plugin:./libx.so,a,b".parse().unwrap();
+        assert_eq!(
+            p,
+            SinkSpec::Plugin {
+                lib: "./libx.so".into(),
+                args: vec!["a".into(), "b".into()]
+            }
+        );
+    }
+}
