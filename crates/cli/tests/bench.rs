@@ -77,3 +77,62 @@ fn bench_flow_prints_its_times_and_nothing_else() {
         .expect(&stdout);
     assert!(fat.contains("100 runs") && fat.ends_with("s wall"), "{fat}");
 }
+
+/// `fanin bench sink`: each hand-off beside its reference, as ratios, and the EPN's CPU
+/// per TF for discard, plug-in and pipe (a C compiler builds the null plug-in).
+#[test]
+fn bench_sink_prints_its_ratios_and_cpu_per_tf() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fanin()
+        .args(["bench", "sink", "--seconds", "1", "--write", "64MiB"])
+        .args(["--stf-size", "1MiB", "--rate-hz", "20", "--results"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for what in ["file writer vs dd", "exec (cat > /dev/null) vs discard"] {
+        let row = stdout.lines().find(|l| l.starts_with(what)).expect(&stdout);
+        let nums: Vec<f64> = row
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let (fanin_gbps, reference, ratio) = (nums[0], nums[1], nums[2]);
+        assert!(fanin_gbps > 0.0 && reference > 0.0, "{row}");
+        assert!((ratio - fanin_gbps / reference).abs() < 0.01, "{row}");
+    }
+    for case in ["discard", "plugin (no copy)", "exec pipe"] {
+        let row = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(case))
+            .expect(&stdout);
+        let us: f64 = row
+            .split_whitespace()
+            .rev()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(us > 0.0, "the EPN's CPU time must be measured: {row}");
+    }
+    // The files the writer wrote are gone; the results stay.
+    let left: Vec<_> = walk(dir.path())
+        .into_iter()
+        .filter(|p| p.ends_with(".fanin"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+fn walk(d: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(d)
+        .unwrap()
+        .flat_map(|e| {
+            let p = e.unwrap().path();
+            match p.is_dir() {
+                true => walk(&p),
+                false => vec![p.display().to_string()],
+            }
+        })
+        .collect()
+}

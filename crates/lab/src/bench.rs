@@ -19,6 +19,9 @@ pub enum BenchCmd {
     /// Flow-level model speed at ALICE scale (alice-2016): the one-representative-FLP
     /// shortcut vs exact per-STF flows, same TFs; and the fat-tree study's wall time.
     Flow(FlowBenchArgs),
+    /// EPN sinks: file writer vs dd, exec pipe vs build-and-discard, and the EPN's CPU
+    /// per TF handing TFs to a plug-in vs an exec pipe.
+    Sink(crate::bench_sink::SinkBenchArgs),
 }
 
 #[derive(Args)]
@@ -118,6 +121,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Throughput(a) => throughput(a).await,
         BenchCmd::Sim(a) => sim_speed(a),
         BenchCmd::Flow(a) => flow_speed(a),
+        BenchCmd::Sink(a) => crate::bench_sink::run(a).await,
     }
 }
 

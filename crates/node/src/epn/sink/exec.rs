@@ -4,7 +4,6 @@
 //! A command that dies fails the TF being written (`sink_failed`) and is started again,
 //! or makes the EPN leave the run (`--on-sink-failure leave`).
 
-use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,7 +48,7 @@ pub struct ExecSink {
 
 struct Running {
     child: Child,
-    stdin: Option<BufWriter<ChildStdin>>,
+    stdin: Option<ChildStdin>,
     forward: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -81,10 +80,10 @@ impl ExecSink {
             .stdout(out)
             .spawn()
             .with_context(|| format!("exec sink `{}`: starting sh", self.cmd))?;
-        let stdin = child
-            .stdin
-            .take()
-            .map(|s| BufWriter::with_capacity(1 << 16, s));
+        let stdin = child.stdin.take();
+        if let Some(s) = &stdin {
+            super::pipe::grow(s);
+        }
         let forward = match (child.stdout.take(), &self.filtered_dir) {
             (Some(out), Some(dir)) => Some(forward_filtered(out, dir, self.epn)?),
             _ => None,
@@ -124,7 +123,7 @@ impl Sink for ExecSink {
         let Some(w) = self.proc.as_mut().and_then(|p| p.stdin.as_mut()) else {
             return Err(self.failed(std::io::ErrorKind::BrokenPipe.into()));
         };
-        match tf.write_to(w).and_then(|_| w.flush()) {
+        match super::pipe::send(w, tf) {
             Ok(()) => {
                 self.restarts_in_a_row = 0;
                 Ok(())

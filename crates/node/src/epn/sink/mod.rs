@@ -6,6 +6,7 @@
 mod burst;
 mod exec;
 mod file;
+mod pipe;
 mod plugin;
 mod tap;
 
