@@ -240,6 +240,17 @@ fn bad_configuration_values_name_their_field() {
         ],
         &["--secret-file"],
     );
+    let epn = |extra: &[&'static str]| [&["epn", "--icn", "127.0.0.1:1"], extra].concat();
+    one_line_error(
+        &epn(&["--sink", "mail:me"]),
+        &["--sink", "unknown kind `mail`"],
+    );
+    one_line_error(&epn(&["--sink", "file:/tmp/x,fsync=maybe"]), &["fsync"]);
+    one_line_error(&epn(&["--sink", "tap:nowhere"]), &["tap address"]);
+    one_line_error(&epn(&["--sink", "plugin:/no/lib.so"]), &["/no/lib.so"]);
+    one_line_error(&epn(&["--in-order", "4"]), &["--in-order", "--sink"]);
+    one_line_error(&["inspect", "/etc/passwd"], &["not a fanin TF file"]);
+    one_line_error(&["trigger", "--epn", "127.0.0.1:1"], &["127.0.0.1:1"]);
     // A results directory that cannot be made: refused before anything runs.
     one_line_error(
         &["run", "--results", "/etc/passwd/x", "--tfs", "10"],

@@ -298,7 +298,7 @@ fn fanin_inspect_names_a_cut_file_and_fails_on_a_bad_crc() {
         "{text}"
     );
     let (ok, text) = inspect(b"not a TF file at all");
-    assert!(!ok && text.contains("bad magic"), "{text}");
+    assert!(!ok && text.contains("not a fanin TF file"), "{text}");
 }
 
 #[test]
@@ -496,4 +496,54 @@ fn a_trigger_saves_the_seconds_before_and_after_it() {
 fn icn_issued_now(epn_metrics: &str) -> u64 {
     let text = scrape(epn_metrics.parse().unwrap());
     metric(&text, &["fanin_tfs_total", "status=\"complete\""]) as u64
+}
+
+#[test]
+fn a_tap_client_that_never_reads_misses_samples_and_slows_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 100\ntfs = 300\nstf_size = \"256KiB\"\n";
+    let mut icn = start_icn(dir.path(), toml, "127.0.0.1:0");
+    let (tap, metrics) = (free_port(), format!("127.0.0.1:{}", free_port()));
+    let spec = format!("tap:127.0.0.1:{tap},every=1,queue=1MiB");
+    let _epn = spawn_epn(
+        dir.path(),
+        icn.control,
+        0,
+        &["--sink", &spec, "--metrics", &metrics],
+    );
+    let _flp = spawn_flp(dir.path(), icn.control, 0);
+    // Connected, then never read: its socket buffers fill, then its queue.
+    let until = Instant::now() + Duration::from_secs(60);
+    let _stuck = loop {
+        match TcpStream::connect(("127.0.0.1", tap)) {
+            Ok(s) => break s,
+            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("tap port {tap}: {e}"),
+        }
+    };
+    icn.wait_issued(280);
+    let text = scrape(metrics.parse().unwrap());
+    let slow = metric(&text, &["fanin_stfs_total", "tap_sample", "client_slow"]);
+    let (st, s, _) = icn.finish(60);
+    assert!(st.success(), "{s}");
+    assert_eq!(u(&s, "completed"), 300, "the data path went on: {s}");
+    assert!(
+        slow > 0.0,
+        "samples the client could not take are counted:\n{text}"
+    );
+}
+
+/// The Python filter shown in the README is the one the tests run.
+#[test]
+fn the_readme_shows_the_python_filter_as_it_is() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let filter = std::fs::read_to_string(repo().join("examples/python/filter.py")).unwrap();
+    assert!(
+        readme.contains(&format!("```python\n{filter}```")),
+        "README.md's filter differs"
+    );
+    assert!(
+        filter.lines().count() <= 25,
+        "the README promises a short filter"
+    );
 }

@@ -58,8 +58,9 @@ pub fn inspect(path: &Path) -> anyhow::Result<Inspection> {
     let mut r = std::io::BufReader::with_capacity(1 << 20, f);
     let mut head = [0u8; FILE_HEADER_LEN];
     r.read_exact(&mut head)
-        .with_context(|| format!("{}: no file header", path.display()))?;
-    let epn = decode_file_header(&head).with_context(|| format!("{}", path.display()))?;
+        .with_context(|| format!("{}: not a fanin TF file (no file header)", path.display()))?;
+    let epn = decode_file_header(&head)
+        .map_err(|e| anyhow::anyhow!("{}: not a fanin TF file ({e})", path.display()))?;
     let mut records = RecordReader::new(r, 0);
     let mut out = Inspection {
         epn,

@@ -50,9 +50,11 @@ pub fn decode_file_header(b: &[u8]) -> Result<u32, DecodeError> {
     let mut r = Reader::new(b);
     let magic: [u8; 8] = r.array("file magic")?;
     if magic != FILE_MAGIC {
-        return Err(DecodeError::BadMagic(u32::from_le_bytes([
-            magic[0], magic[1], magic[2], magic[3],
-        ])));
+        let value = u64::from_le_bytes(magic);
+        return Err(DecodeError::InvalidValue {
+            field: "file magic",
+            value,
+        });
     }
     match r.u32("file version")? {
         1 => r.u32("file epn_id"),
@@ -81,7 +83,11 @@ impl TfHeader {
         let mut r = Reader::new(b);
         let magic = r.u32("tf magic")?;
         if magic != TF_MAGIC {
-            return Err(DecodeError::BadMagic(magic));
+            let value = magic as u64;
+            return Err(DecodeError::InvalidValue {
+                field: "tf magic",
+                value,
+            });
         }
         let version = r.u16("tf version")?;
         if version != TF_RECORD_VERSION {

@@ -191,3 +191,63 @@ impl Sink for FileSink {
             .with_context(|| format!("file sink {dir}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tf_of(stfs: &[(u32, Vec<u8>)], tf: u64) -> TfView<'_> {
+        TfView {
+            run_id: 1,
+            epn: 2,
+            tf,
+            stfs,
+            bytes: stfs.iter().map(|s| s.1.len() as u64).sum(),
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn files_rotate_by_size_and_age_and_never_overwrite_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let stfs = vec![(0, vec![7u8; 1000])];
+        let opts = FileOpts::parse(&format!("{},rotate=2500", dir.path().display())).unwrap();
+        let mut f = TfFiles::new(opts.clone(), "", 2).unwrap();
+        for tf in 0..5 {
+            f.write(&tf_of(&stfs, tf)).unwrap();
+        }
+        f.close().unwrap();
+        // 1048 bytes a record: a file closes once it holds 2500, i.e. after 3 TFs.
+        assert_eq!(
+            names(dir.path()),
+            ["epn2-000000.fanin", "epn2-000001.fanin"]
+        );
+        // Another writer (a rejoined EPN) in the same directory starts new files.
+        let mut again = TfFiles::new(opts, "", 2).unwrap();
+        again.write(&tf_of(&stfs, 9)).unwrap();
+        again.close().unwrap();
+        assert_eq!(names(dir.path()).len(), 3);
+
+        let aged = tempfile::tempdir().unwrap();
+        let spec = format!("{},rotate_s=0.05,fsync=every", aged.path().display());
+        let mut f = TfFiles::new(FileOpts::parse(&spec).unwrap(), "", 2).unwrap();
+        f.write(&tf_of(&stfs, 0)).unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        f.write(&tf_of(&stfs, 1)).unwrap();
+        f.write(&tf_of(&stfs, 2)).unwrap();
+        f.close().unwrap();
+        assert_eq!(
+            names(aged.path()).len(),
+            2,
+            "the second write found its file old"
+        );
+    }
+}
