@@ -93,28 +93,36 @@ pub async fn run(a: SinkBenchArgs) -> anyhow::Result<()> {
         0.8,
     ));
 
-    let lib = null_plugin(&root)?;
-    let paced = paced(&a);
+    lines.extend(cpu_per_tf(&a, &root).await?);
+    std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
+    println!("\n{}", lines.join("\n"));
+    Ok(())
+}
+
+/// The EPN's CPU per TF at the same paced rate: discard, a plug-in, an exec pipe.
+async fn cpu_per_tf(a: &SinkBenchArgs, root: &Path) -> anyhow::Result<Vec<String>> {
+    let lib = null_plugin(root)?;
+    let paced = paced(a);
     let plugin_spec = format!("plugin:{}", lib.display());
     let cpu = [
-        ("discard", case(&root, "cpu-discard", &paced, &[]).await?),
+        ("discard", case(root, "cpu-discard", &paced, &[]).await?),
         (
             "plugin (no copy)",
-            case(&root, "cpu-plugin", &paced, &[&plugin_spec]).await?,
+            case(root, "cpu-plugin", &paced, &[&plugin_spec]).await?,
         ),
         (
             "exec pipe",
-            case(&root, "cpu-exec", &paced, &["exec:cat > /dev/null"]).await?,
+            case(root, "cpu-exec", &paced, &["exec:cat > /dev/null"]).await?,
         ),
     ];
     let per_tf: Vec<(&str, f64)> = cpu
         .iter()
         .map(|(n, s)| (*n, epn_cpu_us_per_tf(s)))
         .collect();
-    lines.push(format!(
+    let mut lines = vec![format!(
         "EPN CPU per TF at {} Hz (its process and its children):",
         a.rate_hz
-    ));
+    )];
     for (n, us) in &per_tf {
         lines.push(format!("  {n:<18} {us:>10.1} µs"));
     }
@@ -123,9 +131,7 @@ pub async fn run(a: SinkBenchArgs) -> anyhow::Result<()> {
         "  exec pipe / plug-in: {:.2}",
         pipe / plugin.max(1e-9)
     ));
-    std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
-    println!("\n{}", lines.join("\n"));
-    Ok(())
+    Ok(lines)
 }
 
 fn ratio_line(what: &str, fanin: f64, reference: f64, target: f64) -> String {

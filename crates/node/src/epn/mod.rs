@@ -131,34 +131,7 @@ async fn run_once(
         admission: crate::admission::Admission::new(prep.flps as usize),
     });
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener, ctx)));
-    let builder = Builder::<Vec<u8>>::new(
-        me,
-        prep.flps,
-        prep.build_timeout_ms as u64 * 1000,
-        opts.max_building,
-    );
-    let (core, sinks) = match opts.sinks.is_empty() {
-        true => (
-            EpnCore::new(builder, opts.die_after_tfs, metrics.clone()),
-            None,
-        ),
-        false => {
-            let sink_ctx = SinkCtx {
-                run_id: prep.run_id,
-                epn: me,
-                metrics: metrics.clone(),
-                on_failure: opts.on_sink_failure,
-            };
-            let sinks = Sinks::start(&opts.sinks, sink_ctx, b_tx.clone())
-                .with_context(|| format!("EPN {me}"))?;
-            let delivery = Delivery {
-                complete_on: opts.complete_on,
-                in_order: opts.in_order,
-            };
-            let core = EpnCore::new(builder.with_hand_off(), opts.die_after_tfs, metrics.clone());
-            (core.with_delivery(delivery), Some(sinks))
-        }
-    };
+    let (core, sinks) = build_core(opts, me, &prep, &b_tx, &metrics)?;
     let shell = BuildShell {
         core,
         sinks,
@@ -175,18 +148,71 @@ async fn run_once(
     };
     ctl_tx.send(ready).await?;
     drop(ctl_tx);
+    let ended = follow_icn(rd, &b_tx, &mut build_task, me).await;
+    drop(acceptor);
+    match ended {
+        Ended::Stopped => Ok(joined.leave(Role::Epn, &metrics).await?),
+        Ended::SinkFailed(e) => Err(NodeError::Fatal(e)),
+        Ended::LostIcn(e) => Err(lost_icn(Role::Epn, me, icn, e, &metrics)),
+    }
+}
+
+/// The builder of one run, with its sinks when it has any.
+fn build_core(
+    opts: &EpnOptions,
+    me: u32,
+    prep: &fanin_proto::Prepare,
+    b_tx: &mpsc::Sender<BuildEvent>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<(EpnCore<Vec<u8>>, Option<Sinks>)> {
+    let timeout_us = prep.build_timeout_ms as u64 * 1000;
+    let builder = Builder::<Vec<u8>>::new(me, prep.flps, timeout_us, opts.max_building);
+    if opts.sinks.is_empty() {
+        let core = EpnCore::new(builder, opts.die_after_tfs, metrics.clone());
+        return Ok((core, None));
+    }
+    let sink_ctx = SinkCtx {
+        run_id: prep.run_id,
+        epn: me,
+        metrics: metrics.clone(),
+        on_failure: opts.on_sink_failure,
+    };
+    let sinks =
+        Sinks::start(&opts.sinks, sink_ctx, b_tx.clone()).with_context(|| format!("EPN {me}"))?;
+    let delivery = Delivery {
+        complete_on: opts.complete_on,
+        in_order: opts.in_order,
+    };
+    let core = EpnCore::new(builder.with_hand_off(), opts.die_after_tfs, metrics.clone());
+    Ok((core.with_delivery(delivery), Some(sinks)))
+}
+
+/// How an EPN's run ended.
+enum Ended {
+    /// RunStop, and the build task reported every TF.
+    Stopped,
+    /// A sink cannot go on: the EPN leaves the run.
+    SinkFailed(anyhow::Error),
+    /// The control connection ended (with the error, if any).
+    LostIcn(Option<crate::conn::ConnError>),
+}
+
+/// Forwards the ICN's frames to the build task until the run ends.
+async fn follow_icn(
+    rd: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+    b_tx: &mpsc::Sender<BuildEvent>,
+    build_task: &mut AbortOnDrop<anyhow::Result<()>>,
+    me: u32,
+) -> Ended {
     loop {
         let frame = tokio::select! {
             f = read_frame(rd, MAX_CONTROL_BODY) => f,
             // The build task ends early only when a sink cannot go on.
-            r = &mut build_task.0 => {
-                let e = match r {
-                    Ok(Err(e)) => e,
-                    Ok(Ok(())) => anyhow::anyhow!("EPN {me}: the build task ended mid-run"),
-                    Err(e) => anyhow::anyhow!("EPN {me}: the build task failed: {e}"),
-                };
-                return Err(NodeError::Fatal(e));
-            }
+            r = &mut build_task.0 => return Ended::SinkFailed(match r {
+                Ok(Err(e)) => e,
+                Ok(Ok(())) => anyhow::anyhow!("EPN {me}: the build task ended mid-run"),
+                Err(e) => anyhow::anyhow!("EPN {me}: the build task failed: {e}"),
+            }),
         };
         match frame {
             Ok(Some(m)) => {
@@ -194,12 +220,11 @@ async fn run_once(
                 let _ = b_tx.send(BuildEvent::Control(m)).await;
                 if stop {
                     let _ = (&mut build_task.0).await;
-                    drop(acceptor);
-                    return Ok(joined.leave(Role::Epn, &metrics).await?);
+                    return Ended::Stopped;
                 }
             }
-            Ok(None) => return Err(lost_icn(Role::Epn, me, icn, None, &metrics)),
-            Err(e) => return Err(lost_icn(Role::Epn, me, icn, Some(e), &metrics)),
+            Ok(None) => return Ended::LostIcn(None),
+            Err(e) => return Ended::LostIcn(Some(e)),
         }
     }
 }
