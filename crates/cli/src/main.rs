@@ -184,6 +184,10 @@ struct EpnArgs {
     /// What a dying exec sink does: restart it, or leave the run.
     #[arg(long, default_value = "restart")]
     on_sink_failure: epn::sink::OnFailure,
+    /// Exec sinks lend the payload pages to the pipe (vmsplice) instead of copying them:
+    /// only for commands that read(2) their stdin, not ones that splice it onward.
+    #[arg(long)]
+    exec_zero_copy: bool,
 }
 
 fn node_registry(c: &NodeCommon) -> anyhow::Result<Option<RegistryOpts>> {
@@ -375,6 +379,7 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
         },
         in_order: a.in_order,
         on_sink_failure: a.on_sink_failure,
+        exec_zero_copy: a.exec_zero_copy,
     })
 }
 

@@ -10,7 +10,11 @@ use clap::Args;
 use fanin_node::icn::summary::Summary;
 use fanin_node::RunConfig;
 
-use crate::epn_plan::{EpnPlan, SinkEntry};
+use crate::epn_plan::{EpnPlan, EpnSetup, SinkEntry};
+
+const CAT: &str = "exec:cat > /dev/null";
+/// Marks a case whose exec sinks splice (see `case`).
+const ZC: &str = "+zc";
 
 #[derive(Args)]
 pub struct SinkBenchArgs {
@@ -79,19 +83,19 @@ pub async fn run(a: SinkBenchArgs) -> anyhow::Result<()> {
     ));
 
     let discard = case(&root, "discard", &unthrottled(&a, None), &[]).await?;
-    let exec = case(
-        &root,
-        "exec",
-        &unthrottled(&a, None),
-        &["exec:cat > /dev/null"],
-    )
-    .await?;
-    lines.push(ratio_line(
-        "exec (cat > /dev/null) vs discard",
-        exec.goodput_gbps,
-        discard.goodput_gbps,
-        0.8,
-    ));
+    let cat_zc = format!("{CAT}{ZC}");
+    for (name, spec, what) in [
+        ("exec", CAT, "exec (cat > /dev/null) vs discard"),
+        (
+            "exec-zc",
+            cat_zc.as_str(),
+            "exec zero-copy (cat) vs discard",
+        ),
+    ] {
+        let exec = case(&root, name, &unthrottled(&a, None), &[spec]).await?;
+        let g = (exec.goodput_gbps, discard.goodput_gbps);
+        lines.push(ratio_line(what, g.0, g.1, 0.8));
+    }
 
     lines.extend(cpu_per_tf(&a, &root).await?);
     std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
@@ -104,15 +108,17 @@ async fn cpu_per_tf(a: &SinkBenchArgs, root: &Path) -> anyhow::Result<Vec<String
     let lib = null_plugin(root)?;
     let paced = paced(a);
     let plugin_spec = format!("plugin:{}", lib.display());
+    let cat_zc = format!("{CAT}{ZC}");
     let cpu = [
         ("discard", case(root, "cpu-discard", &paced, &[]).await?),
         (
             "plugin (no copy)",
             case(root, "cpu-plugin", &paced, &[&plugin_spec]).await?,
         ),
+        ("exec pipe", case(root, "cpu-exec", &paced, &[CAT]).await?),
         (
-            "exec pipe",
-            case(root, "cpu-exec", &paced, &["exec:cat > /dev/null"]).await?,
+            "exec pipe, zero-copy",
+            case(root, "cpu-exec-zc", &paced, &[&cat_zc]).await?,
         ),
     ];
     let per_tf: Vec<(&str, f64)> = cpu
@@ -124,12 +130,13 @@ async fn cpu_per_tf(a: &SinkBenchArgs, root: &Path) -> anyhow::Result<Vec<String
         a.rate_hz
     )];
     for (n, us) in &per_tf {
-        lines.push(format!("  {n:<18} {us:>10.1} µs"));
+        lines.push(format!("  {n:<22} {us:>10.1} µs"));
     }
-    let (plugin, pipe) = (per_tf[1].1, per_tf[2].1);
+    let plugin = per_tf[1].1.max(1e-9);
     lines.push(format!(
-        "  exec pipe / plug-in: {:.2}",
-        pipe / plugin.max(1e-9)
+        "  exec pipe / plug-in: {:.2}, zero-copy: {:.2}",
+        per_tf[2].1 / plugin,
+        per_tf[3].1 / plugin
     ));
     Ok(lines)
 }
@@ -168,16 +175,21 @@ fn paced(a: &SinkBenchArgs) -> RunConfig {
 }
 
 /// One run with these sinks on its EPN; its summary, checked.
+/// `sinks` ending in `+zc` hand exec sinks their TFs with vmsplice (`--exec-zero-copy`).
 async fn case(root: &Path, name: &str, cfg: &RunConfig, sinks: &[&str]) -> anyhow::Result<Summary> {
+    let zero_copy = sinks.iter().any(|s| s.ends_with(ZC));
     let plan = EpnPlan {
         sinks: sinks
             .iter()
             .map(|s| SinkEntry {
-                spec: s.to_string(),
+                spec: s.trim_end_matches(ZC).to_string(),
                 epns: None,
             })
             .collect(),
-        ..Default::default()
+        setup: EpnSetup {
+            exec_zero_copy: zero_copy,
+            ..Default::default()
+        },
     };
     let dir = root.join(name);
     let (s, _) = crate::cluster::run_on(cfg, &dir, name, None, &[], &plan, None).await?;

@@ -25,6 +25,9 @@ pub struct EpnSetup {
     pub in_order: Option<usize>,
     /// "restart" (default) or "leave".
     pub on_sink_failure: Option<String>,
+    /// Exec sinks lend payload pages (vmsplice); only for commands that read(2).
+    #[serde(default)]
+    pub exec_zero_copy: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -45,10 +48,16 @@ impl EpnPlan {
             Some(v) => typed(v).context("[[sink]]")?,
         };
         for s in &sinks {
-            s.spec
-                .parse::<SinkSpec>()
-                .map_err(anyhow::Error::msg)
-                .context("[[sink]]")?;
+            let spec = s.spec.parse::<SinkSpec>().map_err(anyhow::Error::msg);
+            let epns = s.epns.as_ref().map_or(max_epns as usize, Vec::len);
+            if let SinkSpec::Tap(t) = spec.context("[[sink]]")? {
+                if t.addr.port() != 0 && epns > 1 {
+                    bail!(
+                        "[[sink]] `{}`: one port for {epns} EPNs; give `epns = [N]` per tap",
+                        s.spec
+                    );
+                }
+            }
             if let Some(bad) = s.epns.iter().flatten().find(|e| **e >= max_epns) {
                 bail!(
                     "[[sink]] `{}`: EPN {bad} is not in a run of {max_epns} EPNs",
@@ -95,6 +104,9 @@ impl EpnPlan {
         }
         if let Some(f) = &s.on_sink_failure {
             a.extend(["--on-sink-failure".into(), f.clone()]);
+        }
+        if s.exec_zero_copy {
+            a.push("--exec-zero-copy".into());
         }
         a
     }
@@ -144,6 +156,8 @@ mod tests {
         assert!(format!("{e:#}").contains("EPN 3"), "{e:#}");
         let e = plan("[epn]\ncomplete_on = \"soon\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("complete_on"), "{e:#}");
+        let e = plan("[[sink]]\nspec = \"tap:127.0.0.1:7100\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("one port for 3 EPNs"), "{e:#}");
         let e = plan("[[sink]]\nspek = \"x\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("spek"), "{e:#}");
     }

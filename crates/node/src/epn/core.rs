@@ -93,6 +93,8 @@ pub struct EpnCore<P> {
     order: Option<Order<P>>,
     /// TFs at the sinks: (STFs, bytes) for their report.
     at_sinks: HashMap<TfId, (u32, u64)>,
+    /// TFs at the sinks the ICN abandoned meanwhile: freed without a report.
+    abandoned: std::collections::HashSet<TfId>,
     /// RunStop came: `Stopped` once the sinks returned every TF.
     stopping: bool,
 }
@@ -111,6 +113,7 @@ impl<P> EpnCore<P> {
             delivery: None,
             order: None,
             at_sinks: HashMap::new(),
+            abandoned: Default::default(),
             stopping: false,
         }
     }
@@ -135,6 +138,15 @@ impl<P> EpnCore<P> {
     /// Feeds one input at `now_us` (µs since the run's start at this EPN).
     pub fn handle(&mut self, now_us: u64, input: Input<P>) {
         let mut out = std::mem::take(&mut self.scratch);
+        let input = match input {
+            // The run stopped: what still arrives is late, and builds nothing.
+            Input::Stf { payload, .. } if self.stopping => {
+                self.builder.counters.late_stfs += 1;
+                return self.out.push_back(Action::Free(payload));
+            }
+            Input::Lost { .. } if self.stopping => return,
+            other => other,
+        };
         match input {
             Input::Stf {
                 tf,
@@ -210,6 +222,9 @@ impl<P> EpnCore<P> {
         for (_, p) in stfs {
             self.out.push_back(Action::Free(p));
         }
+        if self.abandoned.remove(&tf) {
+            return; // the ICN ended it already
+        }
         if let Err(r) = outcome {
             self.metrics.stf("sink_verdict", r.name(), 1);
         }
@@ -251,8 +266,12 @@ impl<P> EpnCore<P> {
             Message::Abandon { tf_id, reason } => {
                 tracing::debug!("EPN {me}: ICN abandoned TF {tf_id} ({})", reason.name());
                 self.builder.abandon(tf_id, out);
-                if let Some(o) = self.order.as_mut() {
-                    o.closed(tf_id);
+                let held = self.order.as_mut().and_then(|o| o.take(tf_id));
+                for (_, p) in held.into_iter().flat_map(|b| b.stfs) {
+                    out.push(Out::Free(p));
+                }
+                if self.at_sinks.contains_key(&tf_id) {
+                    self.abandoned.insert(tf_id);
                 }
             }
             Message::RunStart { run_id } => tracing::info!("EPN {me}: run {run_id} started"),
@@ -511,6 +530,41 @@ mod tests {
         let late = stf(&mut c, 0, 1, 1);
         assert!(matches!(late[..], [Action::Free(1)]), "{late:?}");
         assert_eq!(c.builder().counters.late_stfs, 1);
+    }
+
+    #[test]
+    fn an_abandoned_tf_at_the_sinks_or_in_the_order_queue_is_freed_unreported() {
+        let mut c = sinks(CompleteOn::Accepted, Some(4));
+        assign(&mut c, 1, 3);
+        build(&mut c, 2); // held: TF 1 is older and open
+        build(&mut c, 3);
+        let abandon = |tf_id| Message::Abandon {
+            tf_id,
+            reason: Reason::FlpBufferFull,
+        };
+        c.handle(0, Input::Control(abandon(2)));
+        let a = drain(&mut c);
+        assert_eq!(a.iter().filter(|x| matches!(x, Action::Free(_))).count(), 2);
+        c.handle(0, Input::Control(abandon(1))); // 3 may go now
+        assert_eq!(delivered(&drain(&mut c)), [3]);
+        c.handle(0, Input::Control(abandon(3)));
+        assert!(reports(&verdict(&mut c, 3, Ok(()))).is_empty());
+        assert_eq!(c.delivering(), 0);
+    }
+
+    #[test]
+    fn stfs_after_the_stop_are_late_and_the_stop_still_comes() {
+        let mut c = sinks(CompleteOn::Accepted, None);
+        build(&mut c, 7);
+        c.handle(1, Input::Control(Message::RunStop { run_id: 1 }));
+        let a = stf(&mut c, 2, 8, 0);
+        assert!(matches!(a[..], [Action::Free(0)]), "{a:?}");
+        assert_eq!(c.builder().counters.late_stfs, 1);
+        assert_eq!(c.builder().building(), 0);
+        assert!(matches!(
+            verdict(&mut c, 7, Ok(())).last(),
+            Some(Action::Stopped)
+        ));
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct EpnOptions {
     /// Hand TFs to the sinks in TF-id order, giving up the oldest after this many.
     pub in_order: Option<usize>,
     pub on_sink_failure: OnFailure,
+    /// Exec sinks lend payload pages to the pipe (only for commands that read(2)).
+    pub exec_zero_copy: bool,
 }
 
 /// Runs the EPN; if it loses the ICN mid-run (its lease expired, the ICN restarted),
@@ -176,6 +178,7 @@ fn build_core(
         epn: me,
         metrics: metrics.clone(),
         on_failure: opts.on_sink_failure,
+        exec_zero_copy: opts.exec_zero_copy,
     };
     let sinks =
         Sinks::start(&opts.sinks, sink_ctx, b_tx.clone()).with_context(|| format!("EPN {me}"))?;
@@ -219,8 +222,10 @@ async fn follow_icn(
                 let stop = matches!(m, Message::RunStop { .. });
                 let _ = b_tx.send(BuildEvent::Control(m)).await;
                 if stop {
-                    let _ = (&mut build_task.0).await;
-                    return Ended::Stopped;
+                    return match (&mut build_task.0).await {
+                        Ok(Err(e)) => Ended::SinkFailed(e),
+                        _ => Ended::Stopped,
+                    };
                 }
             }
             Ok(None) => return Ended::LostIcn(None),
@@ -279,7 +284,7 @@ impl BuildShell {
         let r = self.build(rx).await;
         if let Some(sinks) = self.sinks.take() {
             // Closing the sinks waits for their files and commands.
-            let _ = tokio::task::spawn_blocking(move || drop(sinks)).await;
+            let _ = tokio::task::spawn_blocking(move || sinks.close()).await;
         }
         r
     }
@@ -310,15 +315,16 @@ impl BuildShell {
                 }
             };
             self.core.handle(t0.elapsed().as_micros() as u64, input);
-            if self.carry_out().await {
+            if self.carry_out().await? {
                 publish(self.core.builder(), &self.budget, &self.metrics);
                 return Ok(());
             }
         }
     }
 
-    /// Carries out the core's actions; true when the run stopped.
-    async fn carry_out(&mut self) -> bool {
+    /// Carries out the core's actions; true when the run stopped, an error when the
+    /// sinks are gone (their TFs would never get a verdict).
+    async fn carry_out(&mut self) -> anyhow::Result<bool> {
         while let Some(action) = self.core.poll_action() {
             match action {
                 Action::Control(m) => {
@@ -338,17 +344,17 @@ impl BuildShell {
                         .sinks
                         .as_ref()
                         .expect("TFs are handed on only to sinks");
-                    sinks.send(built);
+                    anyhow::ensure!(sinks.send(built), "EPN sinks: the sink thread is gone");
                 }
                 Action::Die { complete } => {
                     tracing::warn!("EPN: goat: dying after {complete} complete TFs");
                     // SAFETY: kill and getpid have no memory-safety preconditions.
                     unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
                 }
-                Action::Stopped => return true,
+                Action::Stopped => return Ok(true),
             }
         }
-        false
+        Ok(false)
     }
 }
 

@@ -51,6 +51,12 @@ impl<P> Order<P> {
         assert!(old.is_none(), "a TF is built once");
     }
 
+    /// Takes a held TF back (the ICN abandoned it).
+    pub fn take(&mut self, tf: TfId) -> Option<Built<P>> {
+        self.open.remove(&tf);
+        self.held.remove(&tf)
+    }
+
     pub fn held(&self) -> usize {
         self.held.len()
     }

@@ -4,6 +4,7 @@
 //! A command that dies fails the TF being written (`sink_failed`) and is started again,
 //! or makes the EPN leave the run (`--on-sink-failure leave`).
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,6 +43,8 @@ pub struct ExecSink {
     run_id: u64,
     filtered_dir: Option<PathBuf>,
     on_failure: OnFailure,
+    /// Lend payload pages to the pipe (vmsplice) instead of copying them.
+    zero_copy: bool,
     proc: Option<Running>,
     restarts_in_a_row: u32,
 }
@@ -60,6 +63,7 @@ impl ExecSink {
             run_id: ctx.run_id,
             filtered_dir,
             on_failure: ctx.on_failure,
+            zero_copy: ctx.exec_zero_copy,
             proc: None,
             restarts_in_a_row: 0,
         };
@@ -74,6 +78,8 @@ impl ExecSink {
         };
         let mut child = Command::new("sh")
             .args(["-c", &self.cmd])
+            // Its own process group: stopping it stops what it started.
+            .process_group(0)
             .env("FANIN_EPN_ID", self.epn.to_string())
             .env("FANIN_RUN_ID", self.run_id.to_string())
             .stdin(Stdio::piped())
@@ -82,7 +88,8 @@ impl ExecSink {
             .with_context(|| format!("exec sink `{}`: starting sh", self.cmd))?;
         let stdin = child.stdin.take();
         if let Some(s) = &stdin {
-            super::pipe::grow(s);
+            super::pipe::prepare(s)
+                .with_context(|| format!("exec sink `{}`: its stdin", self.cmd))?;
         }
         let forward = match (child.stdout.take(), &self.filtered_dir) {
             (Some(out), Some(dir)) => Some(forward_filtered(out, dir, self.epn)?),
@@ -123,7 +130,7 @@ impl Sink for ExecSink {
         let Some(w) = self.proc.as_mut().and_then(|p| p.stdin.as_mut()) else {
             return Err(self.failed(std::io::ErrorKind::BrokenPipe.into()));
         };
-        match super::pipe::send(w, tf) {
+        match super::pipe::send(w, tf, self.zero_copy, super::pipe::STALL) {
             Ok(()) => {
                 self.restarts_in_a_row = 0;
                 Ok(())
@@ -153,6 +160,11 @@ impl ExecSink {
 }
 
 impl Running {
+    fn kill_group(&self) {
+        // SAFETY: killpg on the process group this command leads (set at spawn).
+        unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
+    }
+
     /// Closes its stdin, waits up to `grace` for it to end (then kills it); how it ended.
     fn stop(&mut self, grace: Duration) -> String {
         drop(self.stdin.take());
@@ -162,7 +174,7 @@ impl Running {
                 Ok(Some(s)) => break s,
                 Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
                 _ => {
-                    let _ = self.child.kill();
+                    self.kill_group();
                     match self.child.wait() {
                         Ok(s) => break s,
                         Err(e) => return format!("could not be waited for ({e})"),
@@ -170,6 +182,9 @@ impl Running {
                 }
             }
         };
+        // What it left behind (a pipeline's other end, background children) goes too,
+        // so its stdout closes and the forwarding thread ends.
+        self.kill_group();
         if let Some(t) = self.forward.take() {
             let _ = t.join();
         }

@@ -195,6 +195,8 @@ pub struct SinkCtx {
     pub epn: EpnId,
     pub metrics: Arc<Metrics>,
     pub on_failure: OnFailure,
+    /// Exec sinks lend payload pages (vmsplice) instead of writing them.
+    pub exec_zero_copy: bool,
 }
 
 /// The sink thread of one run: built TFs in, verdicts back to the build task.
@@ -204,61 +206,94 @@ pub struct Sinks {
 }
 
 impl Sinks {
-    /// Opens every sink (commands started, libraries loaded, ports bound) and starts
-    /// the thread; an error names the sink.
+    /// Starts the sink thread, which opens every sink (commands started, libraries
+    /// loaded and initialised, ports bound) before it takes a TF: every plug-in call
+    /// happens on that one thread. An error names the sink.
     pub fn start(
         specs: &[SinkSpec],
         ctx: SinkCtx,
         verdicts: mpsc::Sender<BuildEvent>,
     ) -> anyhow::Result<Sinks> {
-        let filtered = specs.iter().find_map(|s| match s {
-            SinkSpec::File(f) => Some(f.dir.clone()),
-            _ => None,
-        });
-        let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
-        for spec in specs {
-            let sink: Box<dyn Sink> = match spec {
-                SinkSpec::Exec { cmd } => {
-                    Box::new(exec::ExecSink::start(cmd, &ctx, filtered.clone())?)
-                }
-                SinkSpec::Plugin { lib, args } => {
-                    Box::new(plugin::PluginSink::load(lib, args, &ctx)?)
-                }
-                SinkSpec::File(o) => Box::new(file::FileSink::open(o.clone(), &ctx)?),
-                SinkSpec::Burst(o) => Box::new(burst::BurstSink::open(o.clone(), &ctx)?),
-                SinkSpec::Tap(o) => Box::new(tap::TapSink::bind(o.clone(), &ctx)?),
-            };
-            sinks.push(sink);
-        }
         let (tx, rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let specs = specs.to_vec();
         let thread = std::thread::Builder::new()
             .name(format!("epn{}-sinks", ctx.epn))
-            .spawn(move || sink_thread(sinks, ctx, rx, verdicts))
+            .spawn(move || {
+                let sinks = match open(&specs, &ctx) {
+                    Ok(s) => s,
+                    Err(e) => return drop(ready_tx.send(Err(e))),
+                };
+                let _ = ready_tx.send(Ok(()));
+                guarded(sinks, ctx, rx, verdicts)
+            })
             .context("starting the sink thread")?;
-        Ok(Sinks {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
+        match ready.recv() {
+            Ok(Ok(())) => Ok(Sinks {
+                tx: Some(tx),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => anyhow::bail!("the sink thread died while opening its sinks"),
+        }
     }
 
     /// Hands a TF on; its verdict comes back as `BuildEvent::Delivered`. The bytes it
     /// holds stay charged to the build buffer until then, which bounds this queue.
-    pub fn send(&self, b: Built<Vec<u8>>) {
-        let tx = self.tx.as_ref().expect("open until dropped");
-        if let Err(e) = tx.send(b) {
-            // The thread ended (a fatal sink): the build task learns it by SinkFatal.
-            tracing::warn!("EPN sinks closed; TF {} not handed on", e.0.tf);
+    /// False when the sink thread is gone (the EPN must leave: the TF has no verdict).
+    pub fn send(&self, b: Built<Vec<u8>>) -> bool {
+        let tx = self.tx.as_ref().expect("open until closed");
+        tx.send(b).is_ok()
+    }
+
+    /// Closes the queue and waits until every sink finished its files and commands.
+    pub fn close(mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
 
 impl Drop for Sinks {
-    /// Closes the queue and waits for the sinks to finish their files and children.
+    /// Dropped without `close` (the run was cut short): the sinks finish on their own
+    /// thread; nobody waits for them here.
     fn drop(&mut self) {
         drop(self.tx.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    }
+}
+
+fn open(specs: &[SinkSpec], ctx: &SinkCtx) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+    let filtered = specs.iter().find_map(|s| match s {
+        SinkSpec::File(f) => Some(f.dir.clone()),
+        _ => None,
+    });
+    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+    for spec in specs {
+        let sink: Box<dyn Sink> = match spec {
+            SinkSpec::Exec { cmd } => Box::new(exec::ExecSink::start(cmd, ctx, filtered.clone())?),
+            SinkSpec::Plugin { lib, args } => Box::new(plugin::PluginSink::load(lib, args, ctx)?),
+            SinkSpec::File(o) => Box::new(file::FileSink::open(o.clone(), ctx)?),
+            SinkSpec::Burst(o) => Box::new(burst::BurstSink::open(o.clone(), ctx)?),
+            SinkSpec::Tap(o) => Box::new(tap::TapSink::bind(o.clone(), ctx)?),
+        };
+        sinks.push(sink);
+    }
+    Ok(sinks)
+}
+
+/// The sink loop; a panic in a sink becomes a fatal sink error, so the EPN leaves
+/// instead of waiting for verdicts that never come.
+fn guarded(
+    sinks: Vec<Box<dyn Sink>>,
+    ctx: SinkCtx,
+    rx: std::sync::mpsc::Receiver<Built<Vec<u8>>>,
+    verdicts: mpsc::Sender<BuildEvent>,
+) {
+    let v = verdicts.clone();
+    let run = std::panic::AssertUnwindSafe(move || sink_thread(sinks, ctx, rx, v));
+    if std::panic::catch_unwind(run).is_err() {
+        let _ = verdicts.blocking_send(BuildEvent::SinkFatal("a sink panicked".into()));
     }
 }
 

@@ -49,7 +49,14 @@ impl TapOpts {
     }
 }
 
+/// Clients at once; more are closed at once (counted).
+pub const MAX_CLIENTS: usize = 16;
+/// A client that takes no byte for this long is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Client {
+    /// Shut down when the run ends, so a stuck client's writer thread ends too.
+    sock: TcpStream,
     tx: SyncSender<Arc<Vec<u8>>>,
     queued: Arc<AtomicU64>,
     alive: Arc<AtomicBool>,
@@ -70,8 +77,8 @@ impl TapSink {
         tracing::info!("EPN {}: tap on {}", ctx.epn, l.local_addr()?);
         let clients = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let (c, s, epn) = (clients.clone(), stop.clone(), ctx.epn);
-        std::thread::spawn(move || accept_clients(l, c, s, epn));
+        let (c, s, epn, m) = (clients.clone(), stop.clone(), ctx.epn, ctx.metrics.clone());
+        std::thread::spawn(move || accept_clients(l, c, s, epn, m));
         Ok(TapSink {
             opts,
             seen: 0,
@@ -111,7 +118,9 @@ impl Sink for TapSink {
 
     fn finish(&mut self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::Relaxed);
-        self.clients.lock().unwrap().clear();
+        for c in self.clients.lock().unwrap().drain(..) {
+            let _ = c.sock.shutdown(std::net::Shutdown::Both);
+        }
         Ok(())
     }
 }
@@ -121,12 +130,22 @@ fn accept_clients(
     clients: Arc<Mutex<Vec<Client>>>,
     stop: Arc<AtomicBool>,
     epn: u32,
+    metrics: Arc<Metrics>,
 ) {
     while !stop.load(Ordering::Relaxed) {
         match l.accept() {
             Ok((s, peer)) => {
+                let mut all = clients.lock().unwrap();
+                all.retain(|c| c.alive.load(Ordering::Relaxed));
+                if all.len() >= MAX_CLIENTS {
+                    metrics.error("tap_clients_full");
+                    continue; // dropped: closed
+                }
                 tracing::info!("EPN {epn}: tap client {peer}");
-                clients.lock().unwrap().push(client(s, epn));
+                match client(s, epn) {
+                    Ok(c) => all.push(c),
+                    Err(e) => tracing::warn!("EPN {epn}: tap client {peer}: {e}"),
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(20))
@@ -140,13 +159,15 @@ fn accept_clients(
 }
 
 /// A client: its queue and the thread that writes it out (file header first).
-fn client(mut s: TcpStream, epn: u32) -> Client {
+fn client(mut s: TcpStream, epn: u32) -> std::io::Result<Client> {
+    s.set_nonblocking(false)?;
+    s.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let sock = s.try_clone()?;
     let (tx, rx) = sync_channel::<Arc<Vec<u8>>>(1024);
     let queued = Arc::new(AtomicU64::new(0));
     let alive = Arc::new(AtomicBool::new(true));
     let (q, a) = (queued.clone(), alive.clone());
     std::thread::spawn(move || {
-        let _ = s.set_nonblocking(false);
         let mut ok = s
             .write_all(&fanin_proto::tf_record::encode_file_header(epn))
             .is_ok();
@@ -157,5 +178,10 @@ fn client(mut s: TcpStream, epn: u32) -> Client {
         }
         a.store(false, Ordering::Relaxed);
     });
-    Client { tx, queued, alive }
+    Ok(Client {
+        sock,
+        tx,
+        queued,
+        alive,
+    })
 }
