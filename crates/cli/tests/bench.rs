@@ -136,3 +136,30 @@ fn walk(d: &std::path::Path) -> Vec<String> {
         })
         .collect()
 }
+
+/// `fanin bench metrics`: CPU per scrape with and without host metrics, and the share of
+/// one core at a 1 s interval that follows from it.
+#[test]
+fn bench_metrics_prints_cpu_per_scrape_and_the_share_of_a_core() {
+    let out = fanin()
+        .args(["bench", "metrics", "--scrapes", "50"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let us = |prefix: &str| -> f64 {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .expect(&stdout);
+        let after = row.split_once(':').expect(row).1;
+        after
+            .split_whitespace()
+            .find_map(|w| w.parse().ok())
+            .expect(row)
+    };
+    let (plain, host) = (us("without host metrics:"), us("with host metrics:"));
+    assert!(plain > 0.0 && host > 0.0, "{stdout}");
+    let share = us("at a 1 s scrape interval:");
+    assert!((share - host / 1e4).abs() < 1e-3, "{stdout}");
+}

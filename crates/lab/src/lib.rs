@@ -3,6 +3,7 @@
 //! The `fanin` binary parses arguments and calls in here; tests use it the same way.
 
 pub mod bench;
+pub mod bench_metrics;
 pub mod bench_sink;
 pub mod cluster;
 pub mod epn_plan;

@@ -8,6 +8,7 @@ pub mod config;
 pub mod conn;
 pub mod epn;
 pub mod flp;
+pub mod host;
 pub mod icn;
 pub mod join;
 pub mod metrics;

@@ -38,6 +38,8 @@ pub struct Metrics {
     snapshot: Mutex<BTreeMap<String, u64>>,
     /// What `POST /trigger` does (the EPN's burst saver); its answer is the reply.
     trigger: Mutex<Option<TriggerFn>>,
+    /// CPU, memory, network, clock and temperature, read at each scrape.
+    host: crate::host::HostMetrics,
 }
 
 pub type TriggerFn = Box<dyn Fn() -> String + Send + Sync>;
@@ -73,6 +75,7 @@ impl Metrics {
             level: Family::default(),
             latency: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
             trigger: Mutex::new(None),
+            host: Default::default(),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -104,6 +107,7 @@ impl Metrics {
             "Current counts (in flight, building, peers)",
             m.level.clone(),
         );
+        m.host.register(&mut registry);
         if role == "icn" {
             registry.register(
                 "tf_latency_seconds",
@@ -204,7 +208,14 @@ impl Metrics {
         self.trigger.lock().unwrap().as_ref().map(|f| f())
     }
 
+    /// The Prometheus text, host gauges read now.
     pub fn render(&self) -> String {
+        self.host.refresh();
+        self.render_only()
+    }
+
+    /// The Prometheus text as it stands (host gauges as last read).
+    pub fn render_only(&self) -> String {
         let mut s = String::new();
         encode(&mut s, &self.registry).expect("writing to a String cannot fail");
         s
