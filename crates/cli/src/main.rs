@@ -58,6 +58,11 @@ enum Cmd {
     /// An emulated cluster: network namespaces behind a bridge, tc-shaped links (root).
     #[command(subcommand)]
     Testbed(testbed::TestbedCmd),
+    /// Write `report.html` again for a finished run's directory (`fanin run` writes one).
+    Report {
+        /// The run's results directory (with summary.json and tfs.csv).
+        dir: PathBuf,
+    },
     /// List the TFs of files written by an EPN's file or burst sink, checking every CRC.
     Inspect {
         /// TF files (`*.fanin`).
@@ -238,6 +243,14 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Flp(a) => flp_options(&a).map(|_| "FLP".to_string())?,
         Cmd::Epn(a) => epn_options(&a).map(|_| "EPN".to_string())?,
         Cmd::Plot { dir } => format!("plot of {}", dir.display()),
+        Cmd::Report { dir } => {
+            anyhow::ensure!(
+                dir.join("summary.json").is_file(),
+                "{}: no summary.json",
+                dir.display()
+            );
+            format!("report of {}", dir.display())
+        }
         Cmd::Bench(_) | Cmd::Testbed(_) | Cmd::Trigger { .. } => "arguments".into(),
         Cmd::Inspect { files, .. } => {
             for f in &files {
@@ -315,6 +328,10 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Sim(a) => sim::run(a, false),
         Cmd::Inspect { files, quiet } => inspect(&files, quiet),
+        Cmd::Report { dir } => {
+            println!("{}", fanin_lab::run_report::write(&dir)?.display());
+            Ok(())
+        }
         Cmd::Trigger { epns } => {
             for e in epns {
                 println!("{}", tf_files::trigger(e)?);

@@ -203,6 +203,45 @@ restart_after_s = 1.0
         serde_json::from_str(&std::fs::read_to_string(results.join("faults.json")).unwrap())
             .unwrap();
     assert_eq!(faults.as_array().unwrap().len(), 3);
+    check_report(&results, &s);
+}
+
+/// `report.html`: self-contained, four charts, the faults and membership changes on
+/// the time axis and in a table, the run's counts; `loads.csv` has every EPN.
+fn check_report(run: &std::path::Path, s: &serde_json::Value) {
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert_eq!(html.matches("<svg").count(), 4, "four charts");
+    assert!(
+        !html.contains("<script") && !html.contains("src=\"http"),
+        "self-contained"
+    );
+    for what in [
+        "fault: kill EPN 1",
+        "fault: stop FLP 1",
+        "EPN 1 lost",
+        "EPN 1 rejoined",
+    ] {
+        assert!(html.contains(what), "report.html lacks {what}");
+    }
+    let issued = format!("<th>issued</th><td>{}</td>", s["issued"]);
+    assert!(html.contains(&issued), "report.html lacks {issued}");
+    let loads = std::fs::read_to_string(run.join("loads.csv")).unwrap();
+    for epn in 0..3 {
+        let rows = loads
+            .lines()
+            .skip(1)
+            .filter(|l| l.split(',').nth(1) == Some(&epn.to_string()));
+        assert!(rows.count() >= 2, "EPN {epn} in loads.csv:\n{loads}");
+    }
+    // `fanin report` draws it again.
+    std::fs::remove_file(run.join("report.html")).unwrap();
+    let out = common::fanin().arg("report").arg(run).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run.join("report.html").is_file());
 }
 
 #[test]

@@ -13,6 +13,7 @@ pub mod orchestrate;
 pub mod overrides;
 pub mod plot;
 pub mod process;
+pub mod run_report;
 pub mod table;
 pub mod testbed;
 pub mod tf_files;

@@ -308,6 +308,9 @@ impl Sweep<'_> {
             let json = serde_json::to_string_pretty(&faults)?;
             std::fs::write(dir.join("faults.json"), json)?;
         }
+        if let Err(e) = crate::run_report::write(dir) {
+            eprintln!("warning: report.html of {}: {e:#}", dir.display());
+        }
         Ok((s, faults))
     }
 }

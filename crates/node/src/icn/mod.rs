@@ -418,6 +418,17 @@ impl Shell {
                     tracing::error!("ICN: writing tfs.csv: {e}");
                 }
             }
+            Action::EpnLoad {
+                t_us,
+                epn,
+                free_bytes,
+                building,
+            } => {
+                let csv = self.tfs_csv.as_mut();
+                if let Some(Err(e)) = csv.map(|c| c.load(t_us, epn, free_bytes, building)) {
+                    tracing::error!("ICN: writing loads.csv: {e}");
+                }
+            }
             Action::RunStarted => {
                 self.run_start_unix_us = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

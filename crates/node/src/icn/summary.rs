@@ -338,9 +338,11 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     })
 }
 
-/// Streams one row per ended TF to `tfs.csv` (memory stays flat however long the run).
+/// Streams one row per ended TF to `tfs.csv`, and each EPN's load once a second to
+/// `loads.csv` (memory stays flat however long the run).
 pub struct TfCsv {
     out: std::io::BufWriter<std::fs::File>,
+    loads: std::io::BufWriter<std::fs::File>,
 }
 
 impl TfCsv {
@@ -351,7 +353,22 @@ impl TfCsv {
             out,
             "tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason"
         )?;
-        Ok(TfCsv { out })
+        let f = std::fs::File::create(dir.join("loads.csv"))?;
+        let mut loads = std::io::BufWriter::new(f);
+        writeln!(loads, "time_s,epn,free_bytes,building")?;
+        Ok(TfCsv { out, loads })
+    }
+
+    /// One `loads.csv` row: an EPN's load report at `t_us` of the run.
+    pub fn load(
+        &mut self,
+        t_us: u64,
+        epn: u32,
+        free_bytes: u64,
+        building: u32,
+    ) -> std::io::Result<()> {
+        let t = t_us as f64 / 1e6;
+        writeln!(self.loads, "{t:.3},{epn},{free_bytes},{building}")
     }
 
     pub fn row(&mut self, r: &TfRow) -> std::io::Result<()> {
@@ -371,11 +388,12 @@ impl TfCsv {
 
     /// Writes buffered rows out (every 250 ms), so a crashed ICN leaves its record.
     pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
+        self.out.flush()?;
+        self.loads.flush()
     }
 
     pub fn finish(mut self) -> std::io::Result<()> {
-        self.out.flush()
+        self.flush()
     }
 
     /// (issue time in s, status) of every TF in `dir/tfs.csv`, as written above; rows

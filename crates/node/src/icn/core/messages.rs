@@ -34,6 +34,7 @@ impl IcnCore {
                     building,
                 };
                 self.placer.policy_mut().report_load(id, load);
+                self.record_load(id, load);
             }
             Message::NodeStats(s) => {
                 if let Some(p) = self.peers.get_mut(&conn) {
@@ -95,6 +96,25 @@ impl IcnCore {
                 self.metrics.error("wrong_epn_report");
             }
         }
+    }
+
+    /// Records an EPN's load for `loads.csv`, at most once a second, while running.
+    fn record_load(&mut self, epn: EpnId, load: EpnLoad) {
+        if self.run_t0.is_none() {
+            return;
+        }
+        let t_us = self.now_us();
+        let last = self.load_recorded.get(&epn).copied();
+        if last.is_some_and(|l| t_us < l + 1_000_000) {
+            return;
+        }
+        self.load_recorded.insert(epn, t_us);
+        self.emit(super::Action::EpnLoad {
+            t_us,
+            epn,
+            free_bytes: load.free_bytes,
+            building: load.building,
+        });
     }
 
     fn on_stf_dropped(&mut self, tf_id: TfId, reason: Reason) {

@@ -119,6 +119,13 @@ pub enum Action {
     },
     /// A TF ended: one `tfs.csv` row.
     TfEnded(TfRow),
+    /// An EPN's load, at most once a second per EPN: one `loads.csv` row.
+    EpnLoad {
+        t_us: u64,
+        epn: EpnId,
+        free_bytes: u64,
+        building: u32,
+    },
     /// The run started now (the shell notes the wall-clock time).
     RunStarted,
 }
@@ -201,6 +208,8 @@ pub struct IcnCore {
     /// Events and membership changes past `MAX_EVENTS`, counted only.
     pub(crate) events_not_kept: u64,
     pub(crate) fatal: Option<String>,
+    /// When each EPN's load was last recorded (µs of the run): one row a second.
+    pub(crate) load_recorded: BTreeMap<EpnId, u64>,
     outbox: VecDeque<Action>,
 }
 
@@ -239,6 +248,7 @@ impl IcnCore {
             events: Vec::new(),
             events_not_kept: 0,
             fatal: None,
+            load_recorded: BTreeMap::new(),
             outbox: VecDeque::new(),
         }
     }
