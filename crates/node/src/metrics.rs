@@ -40,7 +40,12 @@ pub struct Metrics {
     trigger: Mutex<Option<TriggerFn>>,
     /// CPU, memory, network, clock and temperature, read at each scrape.
     host: crate::host::HostMetrics,
+    /// The ICN's live status (JSON), served at `GET /status` with its page at `GET /`.
+    status: Mutex<Option<String>>,
 }
+
+/// The ICN's live page: it polls `/status` and `/metrics` every second.
+const LIVE_PAGE: &str = include_str!("icn/live/page.html");
 
 pub type TriggerFn = Box<dyn Fn() -> String + Send + Sync>;
 
@@ -76,6 +81,7 @@ impl Metrics {
             latency: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
             trigger: Mutex::new(None),
             host: Default::default(),
+            status: Mutex::new(None),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -198,6 +204,11 @@ impl Metrics {
         self.snapshot.lock().unwrap().get(key).copied().unwrap_or(0)
     }
 
+    /// The live status to serve at `GET /status` (the ICN sets it 4 times a second).
+    pub fn set_status(&self, json: String) {
+        *self.status.lock().unwrap() = Some(json);
+    }
+
     /// Serves `POST /trigger` with `f` from now on.
     pub fn set_trigger(&self, f: TriggerFn) {
         *self.trigger.lock().unwrap() = Some(f);
@@ -254,20 +265,9 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                 {
                     return;
                 }
-                let line = String::from_utf8_lossy(&req);
-                let (status, body) = if line.starts_with("GET /metrics") {
-                    ("200 OK", m.render())
-                } else if line.starts_with("POST /trigger") {
-                    match m.trigger() {
-                        Some(reply) => ("200 OK", reply),
-                        None => ("404 Not Found", "no burst sink here\n".to_string()),
-                    }
-                } else {
-                    let only = "only GET /metrics and POST /trigger are served\n";
-                    ("404 Not Found", only.to_string())
-                };
+                let (status, kind, body) = respond(&m, &String::from_utf8_lossy(&req));
                 let head = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
                 );
                 let _ = s.write_all(head.as_bytes()).await;
@@ -277,4 +277,30 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
         }
     });
     Ok(local)
+}
+
+const TEXT: &str = "text/plain; version=0.0.4";
+
+/// (status, content type, body) for one request line.
+fn respond(m: &Metrics, line: &str) -> (&'static str, &'static str, String) {
+    let status_json = m.status.lock().unwrap().clone();
+    if line.starts_with("GET /metrics") {
+        return ("200 OK", TEXT, m.render());
+    }
+    if line.starts_with("POST /trigger") {
+        return match m.trigger() {
+            Some(reply) => ("200 OK", TEXT, reply),
+            None => ("404 Not Found", TEXT, "no burst sink here\n".to_string()),
+        };
+    }
+    match status_json {
+        Some(j) if line.starts_with("GET /status") => ("200 OK", "application/json", j),
+        Some(_) if line.starts_with("GET / ") => {
+            ("200 OK", "text/html; charset=utf-8", LIVE_PAGE.into())
+        }
+        _ => {
+            let only = "GET /metrics, POST /trigger (EPN burst), GET / and /status (ICN)\n";
+            ("404 Not Found", TEXT, only.to_string())
+        }
+    }
 }

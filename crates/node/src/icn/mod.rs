@@ -98,6 +98,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         },
         progress: opts.progress,
         run_start_unix_us: 0,
+        rate: ((0.0, 0), 0.0),
     };
     let result = shell.event_loop(ev_rx, &mut lead).await;
     acceptor.abort();
@@ -294,9 +295,28 @@ struct Shell {
     tfs_csv: Option<TfCsv>,
     progress: bool,
     run_start_unix_us: u64,
+    /// (time s, TFs completed) a second ago and the TF rate since, for the live status.
+    rate: ((f64, u64), f64),
 }
 
 impl Shell {
+    /// Publishes the live status (`GET /status`), with the completion rate over the
+    /// last second or so.
+    fn publish_status(&mut self) {
+        let mut st = self.core.status();
+        let now = (
+            st["t_s"].as_f64().unwrap_or(0.0),
+            st["completed"].as_u64().unwrap_or(0),
+        );
+        let ((t0, c0), rate) = &mut self.rate;
+        if now.0 - *t0 >= 1.0 {
+            *rate = now.1.saturating_sub(*c0) as f64 / (now.0 - *t0);
+            (*t0, *c0) = now;
+        }
+        st["rate_hz"] = serde_json::json!(*rate);
+        self.core.metrics.set_status(st.to_string());
+    }
+
     fn now(&self) -> Duration {
         self.origin.elapsed()
     }
@@ -332,6 +352,7 @@ impl Shell {
                 }
                 _ = progress.tick() => {
                     self.print_progress();
+                    self.publish_status();
                     if let Some(csv) = self.tfs_csv.as_mut() {
                         let _ = csv.flush();
                     }
@@ -342,6 +363,7 @@ impl Shell {
             }
         }
         self.print_progress();
+        self.publish_status();
         match self.core.fatal() {
             Some(msg) => anyhow::bail!("{msg}"),
             None => Ok(()),

@@ -100,6 +100,7 @@ impl IcnCore {
 
     /// Records an EPN's load for `loads.csv`, at most once a second, while running.
     fn record_load(&mut self, epn: EpnId, load: EpnLoad) {
+        self.last_load.insert(epn, load);
         if self.run_t0.is_none() {
             return;
         }

@@ -12,6 +12,7 @@ mod issuing;
 mod membership;
 mod messages;
 mod phases;
+mod status;
 #[cfg(test)]
 mod tests;
 mod window;
@@ -210,6 +211,8 @@ pub struct IcnCore {
     pub(crate) fatal: Option<String>,
     /// When each EPN's load was last recorded (µs of the run): one row a second.
     pub(crate) load_recorded: BTreeMap<EpnId, u64>,
+    /// Each EPN's last load report (for the live status).
+    pub(crate) last_load: BTreeMap<EpnId, fanin_sched::EpnLoad>,
     outbox: VecDeque<Action>,
 }
 
@@ -249,6 +252,7 @@ impl IcnCore {
             events_not_kept: 0,
             fatal: None,
             load_recorded: BTreeMap::new(),
+            last_load: BTreeMap::new(),
             outbox: VecDeque::new(),
         }
     }
