@@ -25,6 +25,11 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
 
 /// The first value of an instant query, once Prometheus has one (within 60 s).
 fn query(prom: SocketAddr, promql_encoded: &str) -> f64 {
+    query_until(prom, promql_encoded, |_| true)
+}
+
+/// The first value of an instant query that `ok` accepts (within 60 s).
+fn query_until(prom: SocketAddr, promql_encoded: &str, ok: impl Fn(f64) -> bool) -> f64 {
     let path = format!("/api/v1/query?query={promql_encoded}");
     let until = Instant::now() + Duration::from_secs(60);
     loop {
@@ -36,7 +41,9 @@ fn query(prom: SocketAddr, promql_encoded: &str) -> f64 {
             .and_then(|r| r.split('"').nth(1))
             .and_then(|v| v.parse().ok())
         {
-            return v;
+            if ok(v) {
+                return v;
+            }
         }
         assert!(
             Instant::now() < until,
@@ -93,7 +100,7 @@ fn mem_total_bytes() -> f64 {
 #[test]
 fn a_real_prometheus_scrapes_host_and_tf_series_from_every_node() {
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 50\nduration_s = 10\nstf_size = \"64KiB\"\n";
+    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 50\nduration_s = 14\nstf_size = \"64KiB\"\n";
     let icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let (epn_m, flp_m) = (free_port(), free_port());
     let epn_metrics = format!("127.0.0.1:{epn_m}");
@@ -110,7 +117,8 @@ fn a_real_prometheus_scrapes_host_and_tf_series_from_every_node() {
     );
     assert_eq!(mem, mem_total_bytes());
     // up{job="fanin"} summed: all three nodes are scraped.
-    let up = query(web, "sum(up%7Bjob%3D%22fanin%22%7D)");
+    // (each target's first scrape may come up to a second after the others)
+    let up = query_until(web, "sum(up%7Bjob%3D%22fanin%22%7D)", |v| v >= 3.0);
     assert_eq!(up, 3.0);
     // The ICN's completed TFs, growing while the run goes on.
     let q = "sum(fanin_tfs_total%7Brole%3D%22icn%22%2Cstatus%3D%22complete%22%7D)";
