@@ -47,7 +47,7 @@ fn cell(dom: &str, name: &str) -> u64 {
 #[test]
 fn the_live_page_shows_the_run_and_its_numbers_move() {
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 100\nduration_s = 8\nstf_size = \"64KiB\"\n";
+    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 100\nduration_s = 15\nstf_size = \"64KiB\"\n";
     let mut icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let _epns: Vec<Proc> = (0..2)
         .map(|i| spawn_epn(dir.path(), icn.control, i, &[]))
