@@ -1297,3 +1297,39 @@ fn an_interrupt_before_the_run_ends_the_icn() {
     h.feed(Input::Interrupt);
     assert_eq!(h.core.fatal(), Some("interrupted before the run started"));
 }
+
+#[test]
+fn the_live_status_shows_counts_ends_by_reason_and_each_epns_last_load() {
+    // Long leases: the EPNs stay members while the test moves time on.
+    let mut h = H::running(1, 2, |c| c.lease_ms = 60_000);
+    h.complete(0, 0);
+    let load = Message::LoadReport {
+        free_bytes: 7 << 20,
+        building: 3,
+    };
+    h.msg(epn_conn(1), load.clone());
+    let s = h.core.status();
+    assert_eq!(s["phase"], "running");
+    assert_eq!(s["completed"], 1);
+    assert_eq!(s["ended"]["complete.none"], 1);
+    assert!(s["issued"].as_u64().unwrap() >= 1, "{s}");
+    assert_eq!(s["epns"][1]["free_bytes"], 7 << 20);
+    assert_eq!(s["epns"][1]["building"], 3);
+    assert!(
+        s["epns"][0]["free_bytes"].is_null(),
+        "EPN 0 has not reported: {s}"
+    );
+    // loads.csv: one row a second per EPN, not one per report.
+    let rows = |out: &[Action]| {
+        out.iter()
+            .filter(|a| matches!(a, Action::EpnLoad { epn: 1, .. }))
+            .count()
+    };
+    assert_eq!(
+        rows(&h.msg(epn_conn(1), load.clone())),
+        0,
+        "within the second"
+    );
+    h.at(1500);
+    assert_eq!(rows(&h.msg(epn_conn(1), load)), 1, "a second later");
+}
