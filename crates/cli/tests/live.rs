@@ -60,13 +60,29 @@ fn the_live_page_shows_the_run_and_its_numbers_move() {
         first.contains("<span id=\"state\">running</span>"),
         "{first}"
     );
-    for epn in ["<td>0</td><td>1024 / ", "<td>1</td><td>1024 / "] {
-        assert!(first.contains(epn), "the EPNs' free buffer: {first}");
+    for epn in 0..2 {
+        // "<td>0</td><td>1024 / 0</td>": free MiB / building, numbers.
+        let key = format!("<td>{epn}</td><td>");
+        let cell = first.split(&key).nth(1).expect(&first);
+        let (free, rest) = cell.split_once(" / ").expect(&first);
+        assert!(
+            free.parse::<u64>().is_ok(),
+            "EPN {epn}'s free buffer: {first}"
+        );
+        assert!(
+            rest.split('<').next().unwrap().parse::<u64>().is_ok(),
+            "{first}"
+        );
     }
     assert!(first.contains("&lt;= "), "the latency histogram: {first}");
     let before = cell(&first, "completed");
     std::thread::sleep(Duration::from_millis(1500));
-    let after = cell(&dom(&url), "completed");
+    let second = dom(&url);
+    assert!(
+        second.contains("<span id=\"state\">running</span>"),
+        "{second}"
+    );
+    let after = cell(&second, "completed");
     assert!(
         after > before,
         "completed TFs must move: {before} then {after}"

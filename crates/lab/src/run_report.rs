@@ -13,14 +13,112 @@ use fanin_report::plot::{Chart, Line, Marker, Series};
 /// EPNs drawn one line each; beyond, the page says how many were left out.
 const MAX_EPN_LINES: usize = 8;
 
-/// One `tfs.csv` row: (issue s, ack s, latency ms, EPN, completed).
-type TfPoint = (f64, f64, f64, Option<u32>, bool);
+/// Latencies kept per second for its percentiles (a longer second is sampled).
+const LATENCIES_PER_SECOND: usize = 2000;
+
+/// What the charts need from `tfs.csv`, gathered per second while streaming it: the
+/// memory grows with the run's seconds, not with its TFs.
+#[derive(Default)]
+struct Timeline {
+    issued: BTreeMap<i64, f64>,
+    completed: BTreeMap<i64, f64>,
+    lost: BTreeMap<i64, f64>,
+    /// Per second of completion: (TFs seen, a sample of their latencies in ms).
+    latency: BTreeMap<i64, (usize, Vec<f64>)>,
+    /// Completed per second, for the `MAX_EPN_LINES` lowest EPN ids.
+    per_epn: BTreeMap<u32, BTreeMap<i64, f64>>,
+    /// Every EPN seen, drawn or not.
+    epns_seen: std::collections::BTreeSet<u32>,
+}
+
+/// One `tfs.csv` row: issue s, ack s, latency ms, EPN, completed.
+type TfRow = (f64, f64, f64, Option<u32>, bool);
+
+impl Timeline {
+    /// Adds one row; times outside [0, `max_s`] (a corrupt row) are left out.
+    fn add(&mut self, (issue, ack, lat, epn, done): TfRow, max_s: f64) {
+        let sec = |t: f64| (t.is_finite() && (0.0..=max_s).contains(&t)).then(|| t.floor() as i64);
+        if let Some(s) = sec(issue) {
+            *self.issued.entry(s).or_default() += 1.0;
+        }
+        let Some(s) = sec(ack) else { return };
+        if !done {
+            *self.lost.entry(s).or_default() += 1.0;
+            return;
+        }
+        *self.completed.entry(s).or_default() += 1.0;
+        let (n, v) = self.latency.entry(s).or_default();
+        *n += 1;
+        match v.len() < LATENCIES_PER_SECOND {
+            true => v.push(lat),
+            false => v[*n % LATENCIES_PER_SECOND] = lat,
+        }
+        if let Some(e) = epn {
+            self.epns_seen.insert(e);
+            *self.per_epn.entry(e).or_default().entry(s).or_default() += 1.0;
+            if self.per_epn.len() > MAX_EPN_LINES {
+                self.per_epn.pop_last();
+            }
+        }
+    }
+}
+
+/// Lines of a file, decoded lossily (a crashed writer may leave any bytes).
+fn lines(p: &Path) -> anyhow::Result<impl Iterator<Item = String>> {
+    use std::io::BufRead;
+    let f = std::fs::File::open(p).with_context(|| format!("{}", p.display()))?;
+    Ok(std::io::BufReader::new(f)
+        .split(b'\n')
+        .map_while(Result::ok)
+        .map(|l| String::from_utf8_lossy(&l).into_owned()))
+}
+
+/// `tfs.csv` gathered per second; rows it cannot read are left out.
+fn read_tfs(p: &Path, max_s: f64) -> anyhow::Result<Timeline> {
+    let mut t = Timeline::default();
+    for l in lines(p)?.skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        let num = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok());
+        if let (Some(issue), Some(ack), Some(lat), Some(status)) =
+            (num(2), num(3), num(4), f.get(5))
+        {
+            let epn = f.get(1).and_then(|x| x.parse().ok());
+            t.add((issue, ack, lat, epn, *status == "complete"), max_s);
+        }
+    }
+    Ok(t)
+}
+
+/// Free MiB over time of the lowest EPN ids in `loads.csv`; empty without one.
+fn read_loads(p: &Path, max_s: f64) -> BTreeMap<u32, Vec<(f64, f64)>> {
+    let mut by: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    for l in lines(p).into_iter().flatten().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        let t = f.first().and_then(|x| x.parse::<f64>().ok());
+        let e = f.get(1).and_then(|x| x.parse::<u32>().ok());
+        let free = f.get(2).and_then(|x| x.parse::<u64>().ok());
+        let (Some(t), Some(e), Some(free)) = (t, e, free) else {
+            continue;
+        };
+        if t.is_finite() && (0.0..=max_s).contains(&t) {
+            by.entry(e)
+                .or_default()
+                .push((t, free as f64 / (1 << 20) as f64));
+            if by.len() > MAX_EPN_LINES {
+                by.pop_last();
+            }
+        }
+    }
+    by
+}
 
 /// Writes `dir/report.html`; its path.
 pub fn write(dir: &Path) -> anyhow::Result<PathBuf> {
     let summary: serde_json::Value = read_json(&dir.join("summary.json"))?;
-    let tfs = read_tfs(&dir.join("tfs.csv"))?;
-    let loads = read_loads(&dir.join("loads.csv"));
+    // Nothing in a run happens later than its duration and a generous drain.
+    let max_s = summary["duration_s"].as_f64().unwrap_or(0.0).max(0.0) + 3600.0;
+    let tfs = read_tfs(&dir.join("tfs.csv"), max_s)?;
+    let loads = read_loads(&dir.join("loads.csv"), max_s);
     let markers = markers(&summary, dir);
     let mut html = String::from(HEAD);
     html.push_str(&format!(
@@ -61,40 +159,6 @@ fn read_json(p: &Path) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&t).with_context(|| format!("{}", p.display()))
 }
 
-/// Every readable `tfs.csv` row (a crashed ICN may leave half a line).
-fn read_tfs(p: &Path) -> anyhow::Result<Vec<TfPoint>> {
-    let t = std::fs::read_to_string(p).with_context(|| format!("{}", p.display()))?;
-    Ok(t.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            let epn = f.get(1)?.parse().ok();
-            let (issue, ack, lat) = (
-                f.get(2)?.parse().ok()?,
-                f.get(3)?.parse().ok()?,
-                f.get(4)?.parse().ok()?,
-            );
-            Some((issue, ack, lat, epn, *f.get(5)? == "complete"))
-        })
-        .collect())
-}
-
-/// (time s, EPN, free bytes) of `loads.csv`; empty if there is none (older runs).
-fn read_loads(p: &Path) -> Vec<(f64, u32, u64)> {
-    let t = std::fs::read_to_string(p).unwrap_or_default();
-    t.lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(',').collect();
-            Some((
-                f.first()?.parse().ok()?,
-                f.get(1)?.parse().ok()?,
-                f.get(2)?.parse().ok()?,
-            ))
-        })
-        .collect()
-}
-
 /// (time s, what) of the run's membership changes and injected faults.
 fn markers(summary: &serde_json::Value, dir: &Path) -> Vec<(f64, String)> {
     let mut m: Vec<(f64, String)> = summary["membership"]
@@ -121,13 +185,9 @@ fn markers(summary: &serde_json::Value, dir: &Path) -> Vec<(f64, String)> {
     m
 }
 
-/// Counts per whole second of `times`.
-fn per_second(times: impl Iterator<Item = f64>) -> Vec<(f64, f64)> {
-    let mut bins: BTreeMap<i64, f64> = BTreeMap::new();
-    for t in times.filter(|t| t.is_finite() && *t >= 0.0) {
-        *bins.entry(t.floor() as i64).or_default() += 1.0;
-    }
-    bins.into_iter().map(|(s, n)| (s as f64 + 0.5, n)).collect()
+/// Per-second counts as points at the middle of each second.
+fn points(bins: &BTreeMap<i64, f64>) -> Vec<(f64, f64)> {
+    bins.iter().map(|(s, n)| (*s as f64 + 0.5, *n)).collect()
 }
 
 fn chart(title: &str, y: &str, series: Vec<Series>) -> Chart {
@@ -140,40 +200,30 @@ fn chart(title: &str, y: &str, series: Vec<Series>) -> Chart {
     }
 }
 
-fn rates_chart(tfs: &[TfPoint], markers: &[(f64, String)]) -> Chart {
-    let issued = per_second(tfs.iter().map(|t| t.0));
-    let completed = per_second(tfs.iter().filter(|t| t.4).map(|t| t.1));
-    let lost = per_second(tfs.iter().filter(|t| !t.4).map(|t| t.1));
-    let mut marks = Series::new(
-        1,
-        Line::None,
-        Marker::Hollow,
-        markers.iter().map(|m| (m.0, 0.0)).collect(),
-    );
+fn rates_chart(t: &Timeline, markers: &[(f64, String)]) -> Chart {
+    let at_zero = markers.iter().map(|m| (m.0, 0.0)).collect();
+    let mut marks = Series::new(1, Line::None, Marker::Hollow, at_zero);
     marks.point_labels = markers.iter().map(|m| m.1.clone()).collect();
     chart(
         "TFs issued and ended per second (circles: membership changes and faults)",
         "TFs per second",
         vec![
-            Series::new(0, Line::Solid, Marker::None, issued).legend("issued"),
-            Series::new(2, Line::Solid, Marker::None, completed).legend("completed"),
-            Series::new(1, Line::Dashed, Marker::None, lost).legend("not completed"),
+            Series::new(0, Line::Solid, Marker::None, points(&t.issued)).legend("issued"),
+            Series::new(2, Line::Solid, Marker::None, points(&t.completed)).legend("completed"),
+            Series::new(1, Line::Dashed, Marker::None, points(&t.lost)).legend("not completed"),
             marks,
         ],
     )
 }
 
-fn latency_chart(tfs: &[TfPoint]) -> Chart {
-    let mut bins: BTreeMap<i64, Vec<f64>> = BTreeMap::new();
-    for t in tfs.iter().filter(|t| t.4 && t.1 >= 0.0) {
-        bins.entry(t.1.floor() as i64).or_default().push(t.2);
-    }
+fn latency_chart(t: &Timeline) -> Chart {
     let mut p = [Vec::new(), Vec::new(), Vec::new()];
-    for (s, mut v) in bins {
+    for (s, (_, v)) in &t.latency {
+        let mut v = v.clone();
         v.sort_by(f64::total_cmp);
         for (i, q) in [0.5, 0.99, 1.0].iter().enumerate() {
             if let Some(x) = fanin_report::percentile(&v, *q) {
-                p[i].push((s as f64 + 0.5, x));
+                p[i].push((*s as f64 + 0.5, x));
             }
         }
     }
@@ -189,50 +239,31 @@ fn latency_chart(tfs: &[TfPoint]) -> Chart {
     )
 }
 
-/// Completed TFs per second of each EPN (the first `MAX_EPN_LINES`), and how many more.
-fn per_epn_chart(tfs: &[TfPoint]) -> (Chart, usize) {
-    let mut by: BTreeMap<u32, Vec<f64>> = BTreeMap::new();
-    for t in tfs.iter().filter(|t| t.4) {
-        if let Some(e) = t.3 {
-            by.entry(e).or_default().push(t.1);
-        }
-    }
-    let left_out = by.len().saturating_sub(MAX_EPN_LINES);
-    let series = by
-        .into_iter()
-        .take(MAX_EPN_LINES)
-        .map(|(e, v)| {
-            Series::new(
-                e as usize,
-                Line::Solid,
-                Marker::None,
-                per_second(v.into_iter()),
-            )
-            .legend(format!("EPN {e}"))
+/// Completed TFs per second of each EPN drawn, and how many EPNs were not drawn.
+fn per_epn_chart(t: &Timeline) -> (Chart, usize) {
+    let left_out = t.epns_seen.len().saturating_sub(t.per_epn.len());
+    let series = t
+        .per_epn
+        .iter()
+        .map(|(e, bins)| {
+            let s = Series::new(*e as usize, Line::Solid, Marker::None, points(bins));
+            s.legend(format!("EPN {e}"))
         })
         .collect();
-    (
-        chart(
-            "TFs completed per second, per EPN",
-            "TFs per second",
-            series,
-        ),
-        left_out,
-    )
+    let c = chart(
+        "TFs completed per second, per EPN",
+        "TFs per second",
+        series,
+    );
+    (c, left_out)
 }
 
-fn free_buffer_chart(loads: &[(f64, u32, u64)]) -> Chart {
-    let mut by: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    for (t, e, free) in loads {
-        by.entry(*e)
-            .or_default()
-            .push((*t, *free as f64 / (1 << 20) as f64));
-    }
-    let series = by
-        .into_iter()
-        .take(MAX_EPN_LINES)
+fn free_buffer_chart(loads: &BTreeMap<u32, Vec<(f64, f64)>>) -> Chart {
+    let series = loads
+        .iter()
         .map(|(e, v)| {
-            Series::new(e as usize, Line::Solid, Marker::Dot, v).legend(format!("EPN {e}"))
+            let s = Series::new(*e as usize, Line::Solid, Marker::Dot, v.clone());
+            s.legend(format!("EPN {e}"))
         })
         .collect();
     chart(
@@ -263,14 +294,14 @@ fn summary_table(s: &serde_json::Value) -> String {
                 f(&s["latency_ms"]["max"])
             ),
         ),
-        ("invariant", s["invariant_ok"].to_string()),
-        ("valid", s["valid"].to_string()),
+        ("invariant", esc(&s["invariant_ok"].to_string())),
+        ("valid", esc(&s["valid"].to_string())),
     ];
     for key in ["incomplete_by_reason", "dropped_by_reason"] {
         for (reason, n) in s[key].as_object().into_iter().flatten() {
             rows.push((
                 key.trim_end_matches("_by_reason"),
-                format!("{n} {}", esc(reason)),
+                esc(&format!("{n} {reason}")),
             ));
         }
     }
@@ -302,11 +333,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seconds_are_binned_and_text_is_escaped() {
-        assert_eq!(
-            per_second([0.1, 0.9, 2.5].into_iter()),
-            [(0.5, 2.0), (2.5, 1.0)]
-        );
+    fn rows_are_gathered_per_second_and_corrupt_times_left_out() {
+        let mut t = Timeline::default();
+        for (issue, ack) in [(0.1, 0.2), (0.9, 1.1), (2.5, 2.6), (f64::INFINITY, 1e300)] {
+            t.add((issue, ack, 1.0, Some(3), true), 100.0);
+        }
+        t.add((1.0, 1.5, 0.0, Some(4), false), 100.0);
+        assert_eq!(points(&t.issued), [(0.5, 2.0), (1.5, 1.0), (2.5, 1.0)]);
+        assert_eq!(points(&t.completed), [(0.5, 1.0), (1.5, 1.0), (2.5, 1.0)]);
+        assert_eq!(points(&t.lost), [(1.5, 1.0)]);
+        assert_eq!(t.per_epn.keys().collect::<Vec<_>>(), [&3]);
         assert_eq!(esc("<EPN & FLP>"), "&lt;EPN &amp; FLP&gt;");
+    }
+
+    #[test]
+    fn only_the_lowest_epns_are_drawn_and_the_rest_counted() {
+        let mut t = Timeline::default();
+        for e in (0..20).rev() {
+            t.add((0.0, 0.5, 1.0, Some(e), true), 10.0);
+        }
+        assert_eq!(t.per_epn.len(), MAX_EPN_LINES);
+        assert_eq!(
+            *t.per_epn.keys().next_back().unwrap(),
+            MAX_EPN_LINES as u32 - 1
+        );
+        assert_eq!(per_epn_chart(&t).1, 20 - MAX_EPN_LINES);
     }
 }

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::Mutex;
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -39,7 +38,7 @@ pub fn sample() -> HostSample {
     let mut s = HostSample::default();
     (s.cpu_busy, s.cpu_total) = cpu_jiffies(&read("/proc/stat"));
     let mem = meminfo(&read("/proc/meminfo"));
-    let kib = |k: &str| mem.get(k).copied().unwrap_or(0) * 1024;
+    let kib = |k: &str| mem.get(k).copied().unwrap_or(0).saturating_mul(1024);
     (s.mem_total, s.mem_available) = (kib("MemTotal"), kib("MemAvailable"));
     (s.swap_total, s.swap_free) = (kib("SwapTotal"), kib("SwapFree"));
     s.net = net_dev(&read("/proc/net/dev"));
@@ -59,8 +58,12 @@ pub fn cpu_jiffies(stat: &str) -> (u64, u64) {
         .skip(1)
         .filter_map(|x| x.parse().ok())
         .collect();
-    let total: u64 = v.iter().take(8).sum(); // user..steal; guest is inside user
-    let idle = v.get(3).unwrap_or(&0) + v.get(4).unwrap_or(&0);
+    // user..steal; guest is inside user. Saturating: a corrupt line never panics.
+    let total = v.iter().take(8).fold(0u64, |a, x| a.saturating_add(*x));
+    let idle = v
+        .get(3)
+        .unwrap_or(&0)
+        .saturating_add(*v.get(4).unwrap_or(&0));
     (total.saturating_sub(idle), total)
 }
 
@@ -153,7 +156,6 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 /// The host's gauges on a node's Prometheus endpoint, refreshed at each scrape.
 #[derive(Default)]
 pub struct HostMetrics {
-    cpu_percent: FloatGauge,
     cpu_seconds: Family<Labels, FloatGauge>,
     memory: Family<Labels, FloatGauge>,
     swap: Family<Labels, FloatGauge>,
@@ -161,8 +163,6 @@ pub struct HostMetrics {
     clock: Family<Labels, FloatGauge>,
     temperature: Family<Labels, FloatGauge>,
     process_cpu: FloatGauge,
-    /// The previous scrape's (busy, total) jiffies, for `cpu_percent`.
-    prev: Mutex<(u64, u64)>,
 }
 
 /// Jiffies per second of /proc/stat (USER_HZ; 100 on every Linux port that matters).
@@ -170,11 +170,6 @@ const USER_HZ: f64 = 100.0;
 
 impl HostMetrics {
     pub fn register(&self, r: &mut Registry) {
-        r.register(
-            "host_cpu_percent",
-            "Host CPU busy since the previous scrape, % of all CPUs",
-            self.cpu_percent.clone(),
-        );
         r.register(
             "host_cpu_seconds",
             "Host CPU seconds since boot (mode busy or all)",
@@ -215,17 +210,9 @@ impl HostMetrics {
     /// Reads the host now and sets every gauge.
     pub fn refresh(&self) {
         let s = sample();
-        let (busy, total) = {
-            let mut prev = self.prev.lock().unwrap();
-            let d = (
-                s.cpu_busy.saturating_sub(prev.0),
-                s.cpu_total.saturating_sub(prev.1),
-            );
-            *prev = (s.cpu_busy, s.cpu_total);
-            d
-        };
-        if total > 0 {
-            self.cpu_percent.set(100.0 * busy as f64 / total as f64);
+        // Interfaces, CPUs and zones come and go: only what exists now is shown.
+        for f in [&self.network, &self.clock, &self.temperature] {
+            f.clear();
         }
         let set = |f: &Family<Labels, FloatGauge>, l: &[(&str, &str)], v: f64| {
             let l = l

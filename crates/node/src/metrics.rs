@@ -265,7 +265,12 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                 {
                     return;
                 }
-                let (status, kind, body) = respond(&m, &String::from_utf8_lossy(&req));
+                // Reading /proc and /sys may sleep: off the runtime's threads.
+                let line = String::from_utf8_lossy(&req).into_owned();
+                let answer = tokio::task::spawn_blocking(move || respond(&m, &line)).await;
+                let Ok((status, kind, body)) = answer else {
+                    return;
+                };
                 let head = format!(
                     "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()

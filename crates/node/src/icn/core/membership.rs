@@ -198,12 +198,19 @@ impl IcnCore {
         dropped: u64,
         detail: String,
     ) {
+        let t_s = self.now_us() as f64 / 1e6;
+        // The live status shows the newest few, however many the summary keeps.
+        if self.recent_members.len() >= super::status::RECENT {
+            self.recent_members.pop_front();
+        }
+        self.recent_members
+            .push_back((t_s, format!("{node} {kind}")));
         if self.membership.len() >= super::MAX_EVENTS {
             self.events_not_kept += 1;
             return;
         }
         self.membership.push(MemberEvent {
-            t_s: self.now_us() as f64 / 1e6,
+            t_s,
             node: node.to_string(),
             kind: kind.to_string(),
             reassigned,
@@ -429,7 +436,11 @@ impl IcnCore {
             return self.left_while_joining(conn, &p, why);
         }
         match p.role {
-            Role::Epn => self.epns.remove(&p.id),
+            Role::Epn => {
+                self.last_load.remove(&p.id);
+                self.load_recorded.remove(&p.id);
+                self.epns.remove(&p.id)
+            }
             Role::Flp => self.flps.remove(&p.id),
         };
         match p.role {

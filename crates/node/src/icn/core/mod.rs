@@ -213,6 +213,8 @@ pub struct IcnCore {
     pub(crate) load_recorded: BTreeMap<EpnId, u64>,
     /// Each EPN's last load report (for the live status).
     pub(crate) last_load: BTreeMap<EpnId, fanin_sched::EpnLoad>,
+    /// The newest membership changes (time s, "EPN 1 lost"), for the live status.
+    pub(crate) recent_members: VecDeque<(f64, String)>,
     outbox: VecDeque<Action>,
 }
 
@@ -253,6 +255,7 @@ impl IcnCore {
             fatal: None,
             load_recorded: BTreeMap::new(),
             last_load: BTreeMap::new(),
+            recent_members: VecDeque::new(),
             outbox: VecDeque::new(),
         }
     }

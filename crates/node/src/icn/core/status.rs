@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use super::{IcnCore, Phase};
 
-/// Membership changes and events shown (the newest).
-const RECENT: usize = 20;
+/// Membership changes shown (the newest).
+pub(super) const RECENT: usize = 20;
 
 impl IcnCore {
     pub fn status(&self) -> Value {
@@ -38,10 +38,10 @@ impl IcnCore {
                 })
             })
             .collect();
-        let skip = self.membership.len().saturating_sub(RECENT);
-        let membership: Vec<Value> = self.membership[skip..]
+        let membership: Vec<Value> = self
+            .recent_members
             .iter()
-            .map(|m| json!({"t_s": m.t_s, "node": m.node, "kind": m.kind}))
+            .map(|(t_s, what)| json!({"t_s": t_s, "what": what}))
             .collect();
         json!({
             "run_id": self.cfg.run_id,
