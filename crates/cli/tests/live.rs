@@ -16,22 +16,16 @@ fn dom(url: &str) -> String {
         std::path::Path::new(CHROMIUM).exists(),
         "{CHROMIUM} is missing: run scripts/test, which installs Debian's chromium"
     );
-    let out = Command::new(CHROMIUM)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-        ])
-        .args(["--virtual-time-budget=2000", "--dump-dom", url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    run_ok(
+        Command::new(CHROMIUM)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+            ])
+            .args(["--virtual-time-budget=2000", "--dump-dom", url]),
+    )
 }
 
 /// The number in the row `<td>name</td><td>N</td>` of the page.

@@ -3,8 +3,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,16 +11,6 @@ use std::time::{Duration, Instant};
 use common::*;
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out.split_once("\r\n\r\n")?.1.to_string())
-}
 
 /// The first value of an instant query, once Prometheus has one (within 60 s).
 fn query(prom: SocketAddr, promql_encoded: &str) -> f64 {

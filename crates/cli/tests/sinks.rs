@@ -6,35 +6,24 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use common::*;
 use fanin_node::flp::payload::Pattern;
 use fanin_proto::tf_record::{decode_file_header, RecordReader, TfRecord, FILE_HEADER_LEN};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 /// Builds examples/plugin/count_tfs.c with `cc` (scripts/test installs it).
 fn plugin(dir: &Path) -> PathBuf {
     let lib = dir.join("libcount_tfs.so");
-    let src = repo().join("examples/plugin");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-I"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&lib)
-        .arg(src.join("count_tfs.c"))
-        .output()
-        .expect("cc must be installed (scripts/test installs it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let src = repo_root().join("examples/plugin");
+    run_ok(
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-I"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&lib)
+            .arg(src.join("count_tfs.c")),
     );
     lib
 }
@@ -76,14 +65,7 @@ fn check_bytes(rec: &TfRecord, stf_len: usize) {
 /// Reads the tap until the EPN closes it (at run end).
 fn tap_client(port: u16) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
-        let until = Instant::now() + Duration::from_secs(60);
-        let mut s = loop {
-            match TcpStream::connect(("127.0.0.1", port)) {
-                Ok(s) => break s,
-                Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
-                Err(e) => panic!("tap port {port}: {e}"),
-            }
-        };
+        let mut s = connect_retry(port);
         let mut v = Vec::new();
         s.read_to_end(&mut v).unwrap();
         v
@@ -99,7 +81,7 @@ fn every_sink_gets_every_tf_byte_for_byte() {
     let toml = "[run]\nflps = 2\nepns = 2\nrate_hz = 100\ntfs = 200\nstf_size = \"16KiB\"\n";
     let icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let tfs = dir.path().join("tfs");
-    let filter = repo().join("examples/python/filter.py");
+    let filter = repo_root().join("examples/python/filter.py");
     let tap = free_port();
     let mut epns: Vec<Proc> = (0..2)
         .map(|i| {
@@ -155,17 +137,11 @@ fn every_sink_gets_every_tf_byte_for_byte() {
     assert!(epn0.windows(2).all(|w| w[0] < w[1]), "in order: {epn0:?}");
 
     // The Python reader agrees.
-    let out = Command::new("python3")
-        .arg(repo().join("examples/python/fanin_tfs.py"))
-        .args(files(&tfs, "fanin"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run_ok(
+        Command::new("python3")
+            .arg(repo_root().join("examples/python/fanin_tfs.py"))
+            .args(files(&tfs, "fanin")),
     );
-    let text = String::from_utf8_lossy(&out.stdout);
     let counted: u64 = text
         .lines()
         .filter_map(|l| l.split(": ").nth(1)?.split(' ').next()?.parse::<u64>().ok())
@@ -513,14 +489,7 @@ fn a_tap_client_that_never_reads_misses_samples_and_slows_nothing() {
     );
     let _flp = spawn_flp(dir.path(), icn.control, 0);
     // Connected, then never read: its socket buffers fill, then its queue.
-    let until = Instant::now() + Duration::from_secs(60);
-    let _stuck = loop {
-        match TcpStream::connect(("127.0.0.1", tap)) {
-            Ok(s) => break s,
-            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => panic!("tap port {tap}: {e}"),
-        }
-    };
+    let _stuck = connect_retry(tap);
     icn.wait_issued(280);
     let text = scrape(metrics.parse().unwrap());
     let slow = metric(&text, &["fanin_stfs_total", "tap_sample", "client_slow"]);
@@ -536,8 +505,8 @@ fn a_tap_client_that_never_reads_misses_samples_and_slows_nothing() {
 /// The Python filter shown in the README is the one the tests run.
 #[test]
 fn the_readme_shows_the_python_filter_as_it_is() {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
-    let filter = std::fs::read_to_string(repo().join("examples/python/filter.py")).unwrap();
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let filter = std::fs::read_to_string(repo_root().join("examples/python/filter.py")).unwrap();
     assert!(
         readme.contains(&format!("```python\n{filter}```")),
         "README.md's filter differs"

@@ -13,8 +13,6 @@ use fanin_node::RunConfig;
 use crate::epn_plan::{EpnPlan, EpnSetup, SinkEntry};
 
 const CAT: &str = "exec:cat > /dev/null";
-/// Marks a case whose exec sinks splice (see `case`).
-const ZC: &str = "+zc";
 
 #[derive(Args)]
 pub struct SinkBenchArgs {
@@ -71,7 +69,7 @@ pub async fn run(a: SinkBenchArgs) -> anyhow::Result<()> {
         &root,
         "file",
         &unthrottled(&a, Some(tfs)),
-        &["file:tfs,rotate=1GiB"],
+        plan(&["file:tfs,rotate=1GiB"], false),
     )
     .await?;
     remove_written(&root.join("file"))?;
@@ -82,17 +80,13 @@ pub async fn run(a: SinkBenchArgs) -> anyhow::Result<()> {
         0.9,
     ));
 
-    let discard = case(&root, "discard", &unthrottled(&a, None), &[]).await?;
-    let cat_zc = format!("{CAT}{ZC}");
-    for (name, spec, what) in [
-        ("exec", CAT, "exec (cat > /dev/null) vs discard"),
-        (
-            "exec-zc",
-            cat_zc.as_str(),
-            "exec zero-copy (cat) vs discard",
-        ),
+    let discard = case(&root, "discard", &unthrottled(&a, None), plan(&[], false)).await?;
+    for (name, zero_copy, what) in [
+        ("exec", false, "exec (cat > /dev/null) vs discard"),
+        ("exec-zc", true, "exec zero-copy (cat) vs discard"),
     ] {
-        let exec = case(&root, name, &unthrottled(&a, None), &[spec]).await?;
+        let cfg = unthrottled(&a, None);
+        let exec = case(&root, name, &cfg, plan(&[CAT], zero_copy)).await?;
         let g = (exec.goodput_gbps, discard.goodput_gbps);
         lines.push(ratio_line(what, g.0, g.1, 0.8));
     }
@@ -108,17 +102,22 @@ async fn cpu_per_tf(a: &SinkBenchArgs, root: &Path) -> anyhow::Result<Vec<String
     let lib = null_plugin(root)?;
     let paced = paced(a);
     let plugin_spec = format!("plugin:{}", lib.display());
-    let cat_zc = format!("{CAT}{ZC}");
     let cpu = [
-        ("discard", case(root, "cpu-discard", &paced, &[]).await?),
+        (
+            "discard",
+            case(root, "cpu-discard", &paced, plan(&[], false)).await?,
+        ),
         (
             "plugin (no copy)",
-            case(root, "cpu-plugin", &paced, &[&plugin_spec]).await?,
+            case(root, "cpu-plugin", &paced, plan(&[&plugin_spec], false)).await?,
         ),
-        ("exec pipe", case(root, "cpu-exec", &paced, &[CAT]).await?),
+        (
+            "exec pipe",
+            case(root, "cpu-exec", &paced, plan(&[CAT], false)).await?,
+        ),
         (
             "exec pipe, zero-copy",
-            case(root, "cpu-exec-zc", &paced, &[&cat_zc]).await?,
+            case(root, "cpu-exec-zc", &paced, plan(&[CAT], true)).await?,
         ),
     ];
     let per_tf: Vec<(&str, f64)> = cpu
@@ -175,14 +174,13 @@ fn paced(a: &SinkBenchArgs) -> RunConfig {
 }
 
 /// One run with these sinks on its EPN; its summary, checked.
-/// `sinks` ending in `+zc` hand exec sinks their TFs with vmsplice (`--exec-zero-copy`).
-async fn case(root: &Path, name: &str, cfg: &RunConfig, sinks: &[&str]) -> anyhow::Result<Summary> {
-    let zero_copy = sinks.iter().any(|s| s.ends_with(ZC));
-    let plan = EpnPlan {
+/// These sinks on every EPN; exec sinks lend their pages if `zero_copy`.
+fn plan(sinks: &[&str], zero_copy: bool) -> EpnPlan {
+    EpnPlan {
         sinks: sinks
             .iter()
             .map(|s| SinkEntry {
-                spec: s.trim_end_matches(ZC).to_string(),
+                spec: s.to_string(),
                 epns: None,
             })
             .collect(),
@@ -190,7 +188,11 @@ async fn case(root: &Path, name: &str, cfg: &RunConfig, sinks: &[&str]) -> anyho
             exec_zero_copy: zero_copy,
             ..Default::default()
         },
-    };
+    }
+}
+
+/// One run with this EPN plan; its summary, checked.
+async fn case(root: &Path, name: &str, cfg: &RunConfig, plan: EpnPlan) -> anyhow::Result<Summary> {
     let dir = root.join(name);
     let (s, _) = crate::cluster::run_on(cfg, &dir, name, None, &[], &plan, None).await?;
     anyhow::ensure!(s.invariant_ok, "{name}: accounting invariant violated");

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use fanin_node::icn::summary::TfCsv;
 use fanin_report::plot::{Chart, Line, Marker, Series};
 
 /// EPNs drawn one line each; beyond, the page says how many were left out.
@@ -63,43 +64,22 @@ impl Timeline {
     }
 }
 
-/// Lines of a file, decoded lossily (a crashed writer may leave any bytes).
-fn lines(p: &Path) -> anyhow::Result<impl Iterator<Item = String>> {
-    use std::io::BufRead;
-    let f = std::fs::File::open(p).with_context(|| format!("{}", p.display()))?;
-    Ok(std::io::BufReader::new(f)
-        .split(b'\n')
-        .map_while(Result::ok)
-        .map(|l| String::from_utf8_lossy(&l).into_owned()))
-}
-
 /// `tfs.csv` gathered per second; rows it cannot read are left out.
-fn read_tfs(p: &Path, max_s: f64) -> anyhow::Result<Timeline> {
+fn read_tfs(dir: &Path, max_s: f64) -> anyhow::Result<Timeline> {
+    let p = dir.join("tfs.csv");
+    anyhow::ensure!(p.is_file(), "{}: no such file", p.display());
     let mut t = Timeline::default();
-    for l in lines(p)?.skip(1) {
-        let f: Vec<&str> = l.split(',').collect();
-        let num = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok());
-        if let (Some(issue), Some(ack), Some(lat), Some(status)) =
-            (num(2), num(3), num(4), f.get(5))
-        {
-            let epn = f.get(1).and_then(|x| x.parse().ok());
-            t.add((issue, ack, lat, epn, *status == "complete"), max_s);
-        }
+    for r in TfCsv::rows(dir) {
+        let done = r.status == "complete";
+        t.add((r.issue_s, r.ack_s, r.latency_ms, r.epn, done), max_s);
     }
     Ok(t)
 }
 
 /// Free MiB over time of the lowest EPN ids in `loads.csv`; empty without one.
-fn read_loads(p: &Path, max_s: f64) -> BTreeMap<u32, Vec<(f64, f64)>> {
+fn read_loads(dir: &Path, max_s: f64) -> BTreeMap<u32, Vec<(f64, f64)>> {
     let mut by: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    for l in lines(p).into_iter().flatten().skip(1) {
-        let f: Vec<&str> = l.split(',').collect();
-        let t = f.first().and_then(|x| x.parse::<f64>().ok());
-        let e = f.get(1).and_then(|x| x.parse::<u32>().ok());
-        let free = f.get(2).and_then(|x| x.parse::<u64>().ok());
-        let (Some(t), Some(e), Some(free)) = (t, e, free) else {
-            continue;
-        };
+    for (t, e, free, _) in TfCsv::loads(dir) {
         if t.is_finite() && (0.0..=max_s).contains(&t) {
             by.entry(e)
                 .or_default()
@@ -117,8 +97,8 @@ pub fn write(dir: &Path) -> anyhow::Result<PathBuf> {
     let summary: serde_json::Value = read_json(&dir.join("summary.json"))?;
     // Nothing in a run happens later than its duration and a generous drain.
     let max_s = summary["duration_s"].as_f64().unwrap_or(0.0).max(0.0) + 3600.0;
-    let tfs = read_tfs(&dir.join("tfs.csv"), max_s)?;
-    let loads = read_loads(&dir.join("loads.csv"), max_s);
+    let tfs = read_tfs(dir, max_s)?;
+    let loads = read_loads(dir, max_s);
     let markers = markers(&summary, dir);
     let mut html = String::from(HEAD);
     html.push_str(&format!(

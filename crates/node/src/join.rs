@@ -247,7 +247,7 @@ pub async fn leave(
     role: Role,
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
-    metrics.set_event_total("cpu_us", cpu_us());
+    metrics.set_event_total("cpu_us", crate::host::process_cpu_us());
     ctl.send(Message::NodeStats(NodeStats {
         role,
         node_id: me,
@@ -257,21 +257,6 @@ pub async fn leave(
     drop(ctl);
     let _ = writer.await;
     Ok(())
-}
-
-/// CPU time (user + system) of this process and the children it waited for (an EPN's
-/// exec sinks), in µs: `fanin bench sink` compares hand-offs by it.
-pub fn cpu_us() -> u64 {
-    let usage = |who| {
-        // SAFETY: getrusage writes into the zeroed struct we own.
-        let mut r: libc::rusage = unsafe { std::mem::zeroed() };
-        if unsafe { libc::getrusage(who, &mut r) } != 0 {
-            return 0;
-        }
-        let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-        us(r.ru_utime) + us(r.ru_stime)
-    };
-    usage(libc::RUSAGE_SELF) + usage(libc::RUSAGE_CHILDREN)
 }
 
 /// How one incarnation of a node ended, when it did not finish its run: what

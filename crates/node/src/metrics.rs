@@ -36,18 +36,17 @@ pub struct Metrics {
     level: Family<Labels, Gauge>,
     latency: Histogram,
     snapshot: Mutex<BTreeMap<String, u64>>,
-    /// What `POST /trigger` does (the EPN's burst saver); its answer is the reply.
-    trigger: Mutex<Option<TriggerFn>>,
+    /// Endpoints a node adds beside `GET /metrics`: (method, path, handler).
+    routes: Mutex<Vec<(&'static str, &'static str, Route)>>,
     /// CPU, memory, network, clock and temperature, read at each scrape.
     host: crate::host::HostMetrics,
-    /// The ICN's live status (JSON), served at `GET /status` with its page at `GET /`.
-    status: Mutex<Option<String>>,
 }
 
-/// The ICN's live page: it polls `/status` and `/metrics` every second.
-const LIVE_PAGE: &str = include_str!("icn/live/page.html");
+/// An endpoint's handler: (content type, body).
+pub type Route = Box<dyn Fn() -> (&'static str, String) + Send + Sync>;
 
-pub type TriggerFn = Box<dyn Fn() -> String + Send + Sync>;
+/// Content type of plain text and of Prometheus's exposition format.
+pub const TEXT: &str = "text/plain; version=0.0.4";
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs
@@ -79,9 +78,8 @@ impl Metrics {
             buffer_limit: Family::default(),
             level: Family::default(),
             latency: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
-            trigger: Mutex::new(None),
+            routes: Mutex::new(Vec::new()),
             host: Default::default(),
-            status: Mutex::new(None),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
         };
@@ -204,19 +202,12 @@ impl Metrics {
         self.snapshot.lock().unwrap().get(key).copied().unwrap_or(0)
     }
 
-    /// The live status to serve at `GET /status` (the ICN sets it 4 times a second).
-    pub fn set_status(&self, json: String) {
-        *self.status.lock().unwrap() = Some(json);
-    }
-
-    /// Serves `POST /trigger` with `f` from now on.
-    pub fn set_trigger(&self, f: TriggerFn) {
-        *self.trigger.lock().unwrap() = Some(f);
-    }
-
-    /// Runs the trigger, if there is one: its reply.
-    pub fn trigger(&self) -> Option<String> {
-        self.trigger.lock().unwrap().as_ref().map(|f| f())
+    /// Serves `METHOD path` with `f` from now on (the ICN's live page and status, the
+    /// EPN's burst trigger), replacing an earlier handler of the same endpoint.
+    pub fn route(&self, method: &'static str, path: &'static str, f: Route) {
+        let mut routes = self.routes.lock().unwrap();
+        routes.retain(|(m, p, _)| (*m, *p) != (method, path));
+        routes.push((method, path, f));
     }
 
     /// The Prometheus text, host gauges read now.
@@ -284,28 +275,27 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
     Ok(local)
 }
 
-const TEXT: &str = "text/plain; version=0.0.4";
-
 /// (status, content type, body) for one request line.
 fn respond(m: &Metrics, line: &str) -> (&'static str, &'static str, String) {
-    let status_json = m.status.lock().unwrap().clone();
-    if line.starts_with("GET /metrics") {
+    let mut words = line.split_whitespace();
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    if (method, path) == ("GET", "/metrics") {
         return ("200 OK", TEXT, m.render());
     }
-    if line.starts_with("POST /trigger") {
-        return match m.trigger() {
-            Some(reply) => ("200 OK", TEXT, reply),
-            None => ("404 Not Found", TEXT, "no burst sink here\n".to_string()),
-        };
-    }
-    match status_json {
-        Some(j) if line.starts_with("GET /status") => ("200 OK", "application/json", j),
-        Some(_) if line.starts_with("GET / ") => {
-            ("200 OK", "text/html; charset=utf-8", LIVE_PAGE.into())
+    let routes = m.routes.lock().unwrap();
+    match routes.iter().find(|(me, p, _)| (*me, *p) == (method, path)) {
+        Some((_, _, f)) => {
+            let (kind, body) = f();
+            ("200 OK", kind, body)
         }
-        _ => {
-            let only = "GET /metrics, POST /trigger (EPN burst), GET / and /status (ICN)\n";
-            ("404 Not Found", TEXT, only.to_string())
+        None => {
+            let mut here = vec!["GET /metrics".to_string()];
+            here.extend(routes.iter().map(|(me, p, _)| format!("{me} {p}")));
+            (
+                "404 Not Found",
+                TEXT,
+                format!("served here: {}\n", here.join(", ")),
+            )
         }
     }
 }

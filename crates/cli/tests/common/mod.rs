@@ -267,3 +267,45 @@ pub fn u(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64()
         .unwrap_or_else(|| panic!("summary has no integer {k}: {v}"))
 }
+
+/// The repository's root (examples, docs).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `cmd` to its end; its stdout, the test failing with its stderr if it failed.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd:?}: {e} (scripts/test installs what tests need)"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A connection to 127.0.0.1:`port`, retried until a node listens there (60 s).
+pub fn connect_retry(port: u16) -> TcpStream {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(s) => return s,
+            Err(_) if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("port {port}: {e}"),
+        }
+    }
+}
+
+/// The body of `GET path` from `addr`; None if the server cannot be reached.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out.split_once("\r\n\r\n")?.1.to_string())
+}

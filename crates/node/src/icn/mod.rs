@@ -76,6 +76,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     );
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let acceptor = start_acceptor(&opts, listener, ev_tx, &metrics);
+    let status = serve_live(&metrics);
     let core = IcnCore::new(
         CoreConfig {
             run: opts.run.clone(),
@@ -99,6 +100,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         progress: opts.progress,
         run_start_unix_us: 0,
         rate: ((0.0, 0), 0.0),
+        status,
     };
     let result = shell.event_loop(ev_rx, &mut lead).await;
     acceptor.abort();
@@ -297,6 +299,22 @@ struct Shell {
     run_start_unix_us: u64,
     /// (time s, TFs completed) a second ago and the TF rate since, for the live status.
     rate: ((f64, u64), f64),
+    /// The live status JSON, served at `GET /status` on the metrics port.
+    status: Arc<std::sync::Mutex<String>>,
+}
+
+/// The ICN's live page: it polls `/status` and `/metrics` every second.
+const LIVE_PAGE: &str = include_str!("live/page.html");
+
+/// Serves the live page at `GET /` and its status at `GET /status`.
+fn serve_live(metrics: &Metrics) -> Arc<std::sync::Mutex<String>> {
+    let status = Arc::new(std::sync::Mutex::new(String::from("{}")));
+    let s = status.clone();
+    let json = move || ("application/json", s.lock().unwrap().clone());
+    metrics.route("GET", "/status", Box::new(json));
+    let page = || ("text/html; charset=utf-8", LIVE_PAGE.to_string());
+    metrics.route("GET", "/", Box::new(page));
+    status
 }
 
 impl Shell {
@@ -314,7 +332,7 @@ impl Shell {
             (*t0, *c0) = now;
         }
         st["rate_hz"] = serde_json::json!(*rate);
-        self.core.metrics.set_status(st.to_string());
+        *self.status.lock().unwrap() = st.to_string();
     }
 
     fn now(&self) -> Duration {

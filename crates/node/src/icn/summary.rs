@@ -338,6 +338,28 @@ pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
     })
 }
 
+/// One `tfs.csv` row read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvTf {
+    pub epn: Option<u32>,
+    pub issue_s: f64,
+    pub ack_s: f64,
+    pub latency_ms: f64,
+    pub status: String,
+}
+
+/// The lines of a file, decoded lossily; none if it cannot be opened.
+fn lines(p: &Path) -> impl Iterator<Item = String> {
+    use std::io::BufRead;
+    let f = std::fs::File::open(p).ok();
+    f.into_iter().flat_map(|f| {
+        std::io::BufReader::new(f)
+            .split(b'\n')
+            .map_while(Result::ok)
+            .map(|l| String::from_utf8_lossy(&l).into_owned())
+    })
+}
+
 /// Streams one row per ended TF to `tfs.csv`, and each EPN's load once a second to
 /// `loads.csv` (memory stays flat however long the run).
 pub struct TfCsv {
@@ -396,19 +418,37 @@ impl TfCsv {
         self.flush()
     }
 
-    /// (issue time in s, status) of every TF in `dir/tfs.csv`, as written above; rows
-    /// it cannot read are left out (a crashed ICN may leave half a line).
-    pub fn read(dir: &Path) -> Vec<(f64, String)> {
-        let Ok(t) = std::fs::read_to_string(dir.join("tfs.csv")) else {
-            return Vec::new();
-        };
-        t.lines()
-            .skip(1)
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split(',').collect();
-                Some((f.get(2)?.parse().ok()?, f.get(5)?.to_string()))
+    /// Every row of `dir/tfs.csv`, as written above, streamed; rows it cannot read are
+    /// left out (a crashed ICN may leave half a line, or any bytes). Empty without one.
+    pub fn rows(dir: &Path) -> impl Iterator<Item = CsvTf> {
+        lines(&dir.join("tfs.csv")).skip(1).filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            Some(CsvTf {
+                epn: f.get(1)?.parse().ok(),
+                issue_s: f.get(2)?.parse().ok()?,
+                ack_s: f.get(3)?.parse().ok()?,
+                latency_ms: f.get(4)?.parse().ok()?,
+                status: f.get(5)?.to_string(),
             })
-            .collect()
+        })
+    }
+
+    /// Every row of `dir/loads.csv` (time s, EPN, free bytes, TFs building), streamed.
+    pub fn loads(dir: &Path) -> impl Iterator<Item = (f64, u32, u64, u32)> {
+        lines(&dir.join("loads.csv")).skip(1).filter_map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.parse().ok()?,
+                f.get(3)?.parse().ok()?,
+            ))
+        })
+    }
+
+    /// (issue time in s, status) of every TF in `dir/tfs.csv`.
+    pub fn read(dir: &Path) -> Vec<(f64, String)> {
+        TfCsv::rows(dir).map(|r| (r.issue_s, r.status)).collect()
     }
 
     /// TFs of `dir/tfs.csv` by status.

@@ -61,13 +61,15 @@ impl BurstSink {
         let (tx, triggers) = channel();
         let tx = Mutex::new(tx);
         let epn = ctx.epn;
-        ctx.metrics.set_trigger(Box::new(move || {
+        let trigger = move || {
             let ok = tx.lock().unwrap().send(Instant::now()).is_ok();
-            match ok {
+            let reply = match ok {
                 true => format!("EPN {epn}: burst saved from now\n"),
                 false => format!("EPN {epn}: the run has ended; nothing saved\n"),
-            }
-        }));
+            };
+            (crate::metrics::TEXT, reply)
+        };
+        ctx.metrics.route("POST", "/trigger", Box::new(trigger));
         Ok(BurstSink {
             opts,
             epn,

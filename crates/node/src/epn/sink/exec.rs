@@ -206,19 +206,8 @@ fn forward_filtered(
     epn: u32,
 ) -> anyhow::Result<std::thread::JoinHandle<()>> {
     std::fs::create_dir_all(dir).with_context(|| format!("sink directory {}", dir.display()))?;
-    let (mut file, path) = (0u32..)
-        .find_map(|seq| {
-            let path = dir.join(format!("filtered-epn{epn}-{seq:06}.out"));
-            let f = std::fs::File::options()
-                .write(true)
-                .create_new(true)
-                .open(&path);
-            match f {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
-                other => Some(other.map(|f| (f, path))),
-            }
-        })
-        .expect("some sequence number is free")
+    let name = |seq: u32| format!("filtered-epn{epn}-{seq:06}.out");
+    let (mut file, path) = super::file::create_numbered(dir, &mut 0, name)
         .with_context(|| format!("filtered output in {}", dir.display()))?;
     Ok(std::thread::spawn(move || {
         if let Err(e) = std::io::copy(&mut out, &mut file) {

@@ -124,29 +124,18 @@ impl TfFiles {
     }
 
     fn create(&mut self) -> std::io::Result<Open> {
-        loop {
-            let name = format!("{}epn{}-{:06}.fanin", self.prefix, self.epn, self.seq);
-            let path = self.opts.dir.join(name);
-            self.seq += 1;
-            match File::options().write(true).create_new(true).open(&path) {
-                Ok(f) => {
-                    let mut w = BufWriter::with_capacity(1 << 20, f);
-                    w.write_all(&fanin_proto::tf_record::encode_file_header(self.epn))?;
-                    let since = Instant::now();
-                    return Ok(Open {
-                        w,
-                        path,
-                        bytes: 0,
-                        since,
-                    });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    let msg = format!("{}: {e}", path.display());
-                    return Err(std::io::Error::new(e.kind(), msg));
-                }
-            }
-        }
+        let (prefix, epn) = (&self.prefix, self.epn);
+        let name = |seq: u32| format!("{prefix}epn{epn}-{seq:06}.fanin");
+        let (f, path) = create_numbered(&self.opts.dir, &mut self.seq, name)?;
+        let mut w = BufWriter::with_capacity(1 << 20, f);
+        w.write_all(&fanin_proto::tf_record::encode_file_header(self.epn))?;
+        let since = Instant::now();
+        Ok(Open {
+            w,
+            path,
+            bytes: 0,
+            since,
+        })
     }
 
     /// Closes the current file (synced unless `fsync=never`); the next TF opens one.
@@ -159,6 +148,27 @@ impl TfFiles {
             tracing::debug!("closed {}", cur.path.display());
         }
         Ok(())
+    }
+}
+
+/// Creates `dir/name(seq)` for the first sequence number from `*next` that is not
+/// taken (never overwriting a file), and moves `*next` past it. An error names the file.
+pub(super) fn create_numbered(
+    dir: &Path,
+    next: &mut u32,
+    name: impl Fn(u32) -> String,
+) -> std::io::Result<(File, PathBuf)> {
+    loop {
+        let path = dir.join(name(*next));
+        *next += 1;
+        match File::options().write(true).create_new(true).open(&path) {
+            Ok(f) => return Ok((f, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                let msg = format!("{}: {e}", path.display());
+                return Err(std::io::Error::new(e.kind(), msg));
+            }
+        }
     }
 }
 
@@ -197,13 +207,7 @@ mod tests {
     use super::*;
 
     fn tf_of(stfs: &[(u32, Vec<u8>)], tf: u64) -> TfView<'_> {
-        TfView {
-            run_id: 1,
-            epn: 2,
-            tf,
-            stfs,
-            bytes: stfs.iter().map(|s| s.1.len() as u64).sum(),
-        }
+        TfView::new(1, 2, tf, stfs)
     }
 
     fn names(dir: &Path) -> Vec<String> {

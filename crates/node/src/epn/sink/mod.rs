@@ -15,6 +15,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use fanin_proto::tf_record::TF_HEADER_LEN;
 use fanin_proto::Reason;
 use fanin_sched::{EpnId, FlpId, TfId};
 use tokio::sync::mpsc;
@@ -117,44 +118,72 @@ fn size(k: &str, v: &str) -> Result<u64, String> {
     fanin_sched::workload::parse_bytes(v).map_err(|e| format!("{k}: {e}"))
 }
 
-/// A built TF as the sinks see it.
+/// A built TF as the sinks see it, with its record headers encoded once (every sink
+/// shares them, so each payload's CRC is computed once per TF, not once per sink).
 pub struct TfView<'a> {
     pub run_id: u64,
     pub epn: EpnId,
     pub tf: TfId,
     pub stfs: &'a [(FlpId, Vec<u8>)],
     pub bytes: u64,
+    /// The TF header, then one STF header per STF (docs/sinks.md).
+    heads: Vec<u8>,
 }
 
-impl TfView<'_> {
-    pub fn header(&self) -> fanin_proto::tf_record::TfHeader {
-        fanin_proto::tf_record::TfHeader {
-            run_id: self.run_id,
-            tf_id: self.tf,
-            stfs: self.stfs.len() as u32,
+impl<'a> TfView<'a> {
+    pub fn new(run_id: u64, epn: EpnId, tf: TfId, stfs: &'a [(FlpId, Vec<u8>)]) -> Self {
+        use fanin_proto::tf_record::{StfRecordHeader, TfHeader, STF_RECORD_HEADER_LEN};
+        let len = TF_HEADER_LEN + stfs.len() * STF_RECORD_HEADER_LEN;
+        let mut heads = Vec::with_capacity(len);
+        let stf_count = stfs.len() as u32;
+        heads.extend_from_slice(
+            &TfHeader {
+                run_id,
+                tf_id: tf,
+                stfs: stf_count,
+            }
+            .encode(),
+        );
+        for (flp, p) in stfs {
+            heads.extend_from_slice(&StfRecordHeader::of(*flp, p).encode());
         }
+        let bytes = stfs.iter().map(|(_, p)| p.len() as u64).sum();
+        TfView {
+            run_id,
+            epn,
+            tf,
+            stfs,
+            bytes,
+            heads,
+        }
+    }
+
+    /// The record as slices, in order: TF header, then per STF its header and payload.
+    pub fn slices(&self) -> Vec<&[u8]> {
+        use fanin_proto::tf_record::STF_RECORD_HEADER_LEN;
+        let mut v = Vec::with_capacity(1 + 2 * self.stfs.len());
+        v.push(&self.heads[..TF_HEADER_LEN]);
+        let stf_heads = self.heads[TF_HEADER_LEN..].chunks(STF_RECORD_HEADER_LEN);
+        for (h, (_, p)) in stf_heads.zip(self.stfs) {
+            v.push(h);
+            v.push(p.as_slice());
+        }
+        v
     }
 
     /// Bytes of the record.
     pub fn record_len(&self) -> u64 {
-        let stfs: u64 = self.stfs.iter().map(|(_, p)| 16 + p.len() as u64).sum();
-        32 + stfs
+        self.heads.len() as u64 + self.bytes
     }
 
     /// The whole record in one buffer (tap, burst ring).
     pub fn record(&self) -> Vec<u8> {
-        let parts: Vec<(u32, &[u8])> = self.stfs.iter().map(|(f, p)| (*f, p.as_slice())).collect();
-        fanin_proto::tf_record::encode_record(self.header(), &parts)
+        self.slices().concat()
     }
 
-    /// Writes the record: header, then each STF header and payload (no copy).
+    /// Writes the record (no copy of the payloads).
     pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
-        w.write_all(&self.header().encode())?;
-        for (flp, p) in self.stfs {
-            w.write_all(&fanin_proto::tf_record::StfRecordHeader::of(*flp, p).encode())?;
-            w.write_all(p)?;
-        }
-        Ok(())
+        self.slices().into_iter().try_for_each(|s| w.write_all(s))
     }
 }
 
@@ -343,13 +372,7 @@ fn run_sinks(
     b: &Built<Vec<u8>>,
     log: &LogLimit,
 ) -> (Result<(), Reason>, Option<String>) {
-    let view = TfView {
-        run_id: ctx.run_id,
-        epn: ctx.epn,
-        tf: b.tf,
-        stfs: &b.stfs,
-        bytes: b.bytes,
-    };
+    let view = TfView::new(ctx.run_id, ctx.epn, b.tf, &b.stfs);
     let (mut outcome, mut fatal) = (Ok(()), None);
     for s in sinks.iter_mut() {
         if let Err(e) = s.accept(&view) {
@@ -368,6 +391,20 @@ fn run_sinks(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_views_record_is_the_documented_encoding() {
+        let stfs: Vec<(u32, Vec<u8>)> = vec![(0, b"abc".to_vec()), (1, vec![])];
+        let v = TfView::new(7, 2, 42, &stfs);
+        let h = fanin_proto::tf_record::TfHeader {
+            run_id: 7,
+            tf_id: 42,
+            stfs: 2,
+        };
+        let want = fanin_proto::tf_record::encode_record(h, &[(0, b"abc"), (1, b"")]);
+        assert_eq!(v.record(), want);
+        assert_eq!(v.record_len(), want.len() as u64);
+    }
 
     #[test]
     fn specs_parse_with_their_options_and_errors_name_the_field() {

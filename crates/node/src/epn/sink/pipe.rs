@@ -9,8 +9,6 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
-use fanin_proto::tf_record::{StfRecordHeader, STF_RECORD_HEADER_LEN, TF_HEADER_LEN};
-
 use super::TfView;
 
 /// Bytes of pipe buffer asked for (Linux lets any user have 1 MiB).
@@ -41,20 +39,8 @@ pub fn prepare(fd: &impl AsRawFd) -> io::Result<()> {
 /// EPN's buffers after the pipe is empty.
 pub fn send(fd: &impl AsRawFd, tf: &TfView, zero_copy: bool, stall: Duration) -> io::Result<()> {
     let fd = fd.as_raw_fd();
-    let mut heads = Vec::with_capacity(TF_HEADER_LEN + tf.stfs.len() * STF_RECORD_HEADER_LEN);
-    heads.extend_from_slice(&tf.header().encode());
-    for (flp, p) in tf.stfs {
-        heads.extend_from_slice(&StfRecordHeader::of(*flp, p).encode());
-    }
-    let mut iov = Vec::with_capacity(1 + 2 * tf.stfs.len());
-    iov.push(&heads[..TF_HEADER_LEN]);
-    for (i, (_, p)) in tf.stfs.iter().enumerate() {
-        let h = TF_HEADER_LEN + i * STF_RECORD_HEADER_LEN;
-        iov.push(&heads[h..h + STF_RECORD_HEADER_LEN]);
-        if !p.is_empty() {
-            iov.push(p.as_slice());
-        }
-    }
+    let mut iov = tf.slices();
+    iov.retain(|s| !s.is_empty());
     push_all(fd, &mut iov, zero_copy, stall)?;
     // Lent pages are still in the pipe until read: wait until they are.
     drained(fd, stall)
@@ -177,13 +163,7 @@ mod tests {
     use std::io::Read;
 
     fn view(stfs: &[(u32, Vec<u8>)]) -> TfView<'_> {
-        TfView {
-            run_id: 1,
-            epn: 0,
-            tf: 9,
-            stfs,
-            bytes: stfs.iter().map(|s| s.1.len() as u64).sum(),
-        }
+        TfView::new(1, 0, 9, stfs)
     }
 
     #[test]
