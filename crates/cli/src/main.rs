@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use fanin_lab::{
-    bench, clock_run_id, experiment, orchestrate, plot, table, testbed, tf_files, RunOverrides,
+    bench, clock_run_id, ctl, experiment, orchestrate, plot, table, testbed, tf_files, RunOverrides,
 };
 use fanin_node::auth::Secret;
 use fanin_node::config::Registry;
@@ -72,6 +72,9 @@ enum Cmd {
         #[arg(long)]
         quiet: bool,
     },
+    /// Run control of a long-lived ICN (`fanin icn --session`): configure, start, pause,
+    /// resume, stop, status, exit.
+    Ctl(ctl::CtlArgs),
     /// Make EPNs with a burst sink save their ring and the following seconds.
     Trigger {
         /// The EPNs' metrics addresses (`fanin epn --metrics`).
@@ -114,6 +117,10 @@ struct IcnArgs {
     /// who reaches the port can join). See docs/security.md.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// Stay up under run control (`fanin ctl`, the HTTP API on --metrics): start IDLE
+    /// (or CONFIGURED with --config), run after run, each in RESULTS_DIR/run-N.
+    #[arg(long, requires = "metrics", conflicts_with_all = ["standby", "progress"])]
+    session: bool,
 }
 
 #[derive(Args)]
@@ -142,6 +149,10 @@ struct NodeCommon {
     /// The run secret this node proves (default: $FANIN_SECRET). See docs/security.md.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// Stay up under run control: join run after run, wait while the ICN is IDLE, exit
+    /// on EXIT (`fanin icn --session`, `fanin ctl`).
+    #[arg(long)]
+    session: bool,
 }
 
 #[derive(Args)]
@@ -251,7 +262,17 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
             );
             format!("report of {}", dir.display())
         }
-        Cmd::Bench(_) | Cmd::Testbed(_) | Cmd::Trigger { .. } => "arguments".into(),
+        Cmd::Ctl(ctl::CtlArgs {
+            cmd: ctl::CtlCmd::Configure { file, .. },
+            ..
+        }) => {
+            let cfg = experiment::load_run_config(&file)?.check()?;
+            format!(
+                "run control: a run of {} FLPs and {} EPNs",
+                cfg.cfg.flps, cfg.cfg.epns
+            )
+        }
+        Cmd::Bench(_) | Cmd::Testbed(_) | Cmd::Trigger { .. } | Cmd::Ctl(_) => "arguments".into(),
         Cmd::Inspect { files, .. } => {
             for f in &files {
                 anyhow::ensure!(f.is_file(), "{}: no such file", f.display());
@@ -261,6 +282,46 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
     };
     println!("ok: {what}");
     Ok(())
+}
+
+/// A long-lived ICN's options: configured from the start with --config, else IDLE.
+fn session_options(a: &IcnArgs) -> anyhow::Result<icn::SessionOptions> {
+    let config = match &a.config {
+        Some(_) => Some(session_config(icn_config(a)?)?),
+        None => None,
+    };
+    let parse = |text: &str| {
+        let cfg = experiment::parse_run_config(text, "the configuration")?;
+        anyhow::ensure!(
+            cfg.registry == Registry::Embedded,
+            "registry: run control (fanin icn --session) does not use a registry"
+        );
+        cfg.check()
+    };
+    Ok(icn::SessionOptions {
+        control_bind: a.control,
+        metrics_bind: a.metrics.expect("clap requires --metrics with --session"),
+        results_dir: a
+            .results_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("results")),
+        secret: Secret::load(a.secret_file.as_deref())?,
+        first_run: a.run_id,
+        config,
+        parse: Box::new(parse),
+        after_run: Box::new(|dir| fanin_lab::run_report::write(dir).map(|_| ())),
+    })
+}
+
+/// Run control keeps no registry (yet): a configuration that asks for one is refused.
+fn session_config(
+    (run, registry): (fanin_node::config::Checked, Option<RegistryOpts>),
+) -> anyhow::Result<fanin_node::config::Checked> {
+    anyhow::ensure!(
+        registry.is_none(),
+        "registry: run control (fanin icn --session) does not use a registry"
+    );
+    Ok(run)
 }
 
 /// The ICN's checked run configuration (file, then flags) and its registry.
@@ -300,6 +361,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             println!("{}", plot::redraw(&dir)?.display());
             Ok(())
         }
+        Cmd::Icn(a) if a.session => icn::session(session_options(&a)?).await,
         Cmd::Icn(a) => {
             let (run, registry) = icn_config(&a)?;
             if a.standby {
@@ -330,6 +392,10 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         Cmd::Inspect { files, quiet } => inspect(&files, quiet),
         Cmd::Report { dir } => {
             println!("{}", fanin_lab::run_report::write(&dir)?.display());
+            Ok(())
+        }
+        Cmd::Ctl(a) => {
+            println!("{}", ctl::run(&a)?);
             Ok(())
         }
         Cmd::Trigger { epns } => {
@@ -365,6 +431,7 @@ fn flp_options(a: &FlpArgs) -> anyhow::Result<flp::FlpOptions> {
         send_buffer: bytes_arg("send-buffer", &a.send_buffer)?,
         metrics_bind: a.common.metrics,
         connect_timeout: connect_timeout(a.common.connect_timeout)?,
+        session: a.common.session,
     })
 }
 
@@ -397,6 +464,7 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
         in_order: a.in_order,
         on_sink_failure: a.on_sink_failure,
         exec_zero_copy: a.exec_zero_copy,
+        session: a.common.session,
     })
 }
 

@@ -85,7 +85,14 @@ fn documented_commands() -> Vec<(String, Vec<String>)> {
             }
             let joined = lines.join("\n").replace("\\\n", " ");
             for (i, line) in joined.lines().enumerate() {
-                let words = shell_words(line);
+                // A command ends at `&`, `;` or `|` (the rest is the shell's).
+                let mut words = shell_words(line);
+                if let Some(end) = words
+                    .iter()
+                    .position(|w| ["&", ";", "|", "&&"].contains(&w.as_str()))
+                {
+                    words.truncate(end);
+                }
                 let args = match words.iter().map(String::as_str).collect::<Vec<_>>()[..] {
                     ["fanin", ..] | ["./target/release/fanin", ..] => words[1..].to_vec(),
                     ["cargo", "run", "--release", "--", ..] => words[4..].to_vec(),

@@ -337,12 +337,18 @@ pub fn load(path: &Path) -> anyhow::Result<Experiment> {
 pub fn load_run_config(path: &Path) -> anyhow::Result<RunConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config {}", path.display()))?;
-    let doc: Table = from_toml(&text).with_context(|| format!("config {}", path.display()))?;
+    parse_run_config(&text, &path.display().to_string())
+}
+
+/// A run configuration from text: an experiment file (its first configuration) or a
+/// config.toml; `origin` names it in errors.
+pub fn parse_run_config(text: &str, origin: &str) -> anyhow::Result<RunConfig> {
+    let doc: Table = from_toml(text).with_context(|| format!("config {origin}"))?;
     if doc.contains_key("run") || doc.contains_key("config") || doc.contains_key("matrix") {
-        let e = parse(&text, &path.display().to_string())?;
+        let e = parse(text, origin)?;
         return Ok(e.configs[0].run.clone());
     }
-    from_toml(&text).with_context(|| format!("config {}", path.display()))
+    from_toml(text).with_context(|| format!("config {origin}"))
 }
 
 #[cfg(test)]

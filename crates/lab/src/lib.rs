@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_metrics;
 pub mod bench_sink;
 pub mod cluster;
+pub mod ctl;
 pub mod epn_plan;
 pub mod experiment;
 pub mod faults;

@@ -65,6 +65,34 @@ impl Secret {
         self.0.is_empty()
     }
 
+    /// The run-control token (`Authorization: Bearer TOKEN` on the ICN's HTTP API):
+    /// HMAC-SHA256(secret, "fanin/4 ctl") in hex; anyone holding the secret can make it.
+    pub fn ctl_token(&self) -> String {
+        let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
+        m.update(b"fanin/4 ctl");
+        let tag = m.finalize().into_bytes();
+        tag.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Does this `Authorization` header carry the run-control token? Always, without a
+    /// secret. Compared in constant time.
+    pub fn allows_ctl(&self, authorization: Option<&str>) -> bool {
+        if self.is_empty() {
+            return true;
+        }
+        let given = authorization
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .unwrap_or("")
+            .trim();
+        let want = self.ctl_token();
+        given.len() == want.len()
+            && given
+                .bytes()
+                .zip(want.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
     fn mac(&self, domain: &[u8], nonce: &Nonce, fields: &[&[u8]]) -> Hmac<Sha256> {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key");
         m.update(domain);

@@ -19,10 +19,12 @@ use crate::metrics::Metrics;
 /// Runs a node (FLP or EPN) one incarnation after another: `once(rejoining)` runs until
 /// the run ends for this node. After losing the ICN mid-run the node joins again (up to
 /// `MAX_REJOINS` times); while the ICN cannot be reached (yet) it tries again within
-/// `connect_timeout`. Any other error ends the node.
+/// `connect_timeout`. Any other error ends the node. A long-lived node (`session`) joins
+/// the next run after each one, waits while the ICN is IDLE, and ends on EXIT.
 pub async fn incarnations<F, Fut>(
     metrics: &Metrics,
     connect_timeout: Duration,
+    session: bool,
     mut once: F,
 ) -> anyhow::Result<()>
 where
@@ -30,12 +32,31 @@ where
     Fut: std::future::Future<Output = Result<(), NodeError>>,
 {
     let mut rejoins = 0;
+    let mut runs = 0u32;
     let mut since = tokio::time::Instant::now();
     let mut backoff = BACKOFF_MIN;
+    let mut idle_waits = 0u64;
     loop {
         let began = tokio::time::Instant::now();
-        match once(rejoins > 0).await {
+        match once(rejoins > 0 || runs > 0).await {
+            Ok(()) if session && metrics.run_state() != Some(fanin_proto::RunState::Exit) => {
+                runs += 1;
+                (rejoins, backoff, since) = (0, BACKOFF_MIN, tokio::time::Instant::now());
+            }
             Ok(()) => return Ok(()),
+            Err(NodeError::SessionOver(e)) => {
+                tracing::info!("{e}");
+                return Ok(());
+            }
+            Err(NodeError::IcnIdle(e)) if session => {
+                // Alive but IDLE: wait as long as it lasts (one line now and then).
+                idle_waits += 1;
+                if idle_waits % 30 == 1 {
+                    tracing::info!("{e}; waiting for a run to be configured");
+                }
+                tokio::time::sleep(BACKOFF_MAX).await;
+                since = tokio::time::Instant::now();
+            }
             Err(NodeError::LostIcn(e)) if rejoins < MAX_REJOINS => {
                 rejoins += 1;
                 metrics.error("rejoin");
@@ -219,9 +240,17 @@ pub async fn join_run(
     };
     let joined = join(spec, icn, id.get(), attempt, data_addr)
         .await
-        .map_err(|e| match e.transient() {
-            true => NodeError::IcnUnreachable(format!("{e:#}")),
-            false => NodeError::Fatal(e.into()),
+        .map_err(|e| match &e {
+            JoinError::Refused {
+                code: RejectCode::Idle,
+                ..
+            } => NodeError::IcnIdle(format!("{e:#}")),
+            JoinError::Refused {
+                code: RejectCode::SessionOver,
+                ..
+            } => NodeError::SessionOver(format!("{e:#}")),
+            _ if e.transient() => NodeError::IcnUnreachable(format!("{e:#}")),
+            _ => NodeError::Fatal(e.into()),
         })?;
     id.set(Some(joined.me));
     if let Some(r) = reg {
@@ -269,6 +298,12 @@ pub enum NodeError {
     /// The ICN could not be reached (yet): try again within the connect time-out.
     #[error("{0}")]
     IcnUnreachable(String),
+    /// Run control: the ICN has no run configured yet (IDLE).
+    #[error("{0}")]
+    IcnIdle(String),
+    /// Run control: the session is over (EXIT); the node ends cleanly.
+    #[error("{0}")]
+    SessionOver(String),
     /// Anything else ends the node.
     #[error(transparent)]
     Fatal(#[from] anyhow::Error),

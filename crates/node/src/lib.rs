@@ -13,6 +13,7 @@ pub mod icn;
 pub mod join;
 pub mod metrics;
 pub mod registry;
+pub mod runctl;
 
 pub use config::RunConfig;
 pub use icn::summary::Summary;

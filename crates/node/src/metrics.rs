@@ -40,10 +40,44 @@ pub struct Metrics {
     routes: Mutex<Vec<(&'static str, &'static str, Route)>>,
     /// CPU, memory, network, clock and temperature, read at each scrape.
     host: crate::host::HostMetrics,
+    /// The run-control state this node was last told (0: none yet).
+    run_state: std::sync::atomic::AtomicU8,
 }
 
-/// An endpoint's handler: (content type, body).
-pub type Route = Box<dyn Fn() -> (&'static str, String) + Send + Sync>;
+/// An endpoint's handler.
+pub type Route = Box<dyn Fn(&Request) -> Reply + Send + Sync>;
+
+/// One HTTP request to a node's endpoint (bodies up to `MAX_BODY`).
+pub struct Request {
+    pub method: String,
+    pub path: String,
+    /// The `Authorization` header's value, if any.
+    pub authorization: Option<String>,
+    pub body: Vec<u8>,
+}
+
+/// An endpoint's answer: status line ("200 OK"), content type, body.
+pub struct Reply {
+    pub status: &'static str,
+    pub kind: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn ok(kind: &'static str, body: String) -> Reply {
+        Reply {
+            status: "200 OK",
+            kind,
+            body,
+        }
+    }
+}
+
+/// The largest request body a node reads (a run configuration fits many times over).
+pub const MAX_BODY: usize = 1 << 20;
+
+/// The largest request head (request line and headers).
+const MAX_HEAD: usize = 16 * 1024;
 
 /// Content type of plain text and of Prometheus's exposition format.
 pub const TEXT: &str = "text/plain; version=0.0.4";
@@ -79,6 +113,7 @@ impl Metrics {
             level: Family::default(),
             latency: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
             routes: Mutex::new(Vec::new()),
+            run_state: Default::default(),
             host: Default::default(),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
@@ -178,6 +213,25 @@ impl Metrics {
             .set(limit as i64);
     }
 
+    /// The run-control state and run number, as the ICN last told them: gauges
+    /// `level{what="run_state"}` (1 IDLE .. 5 EXIT) and `level{what="run_number"}`.
+    pub fn set_run_state(&self, state: fanin_proto::RunState, run_number: u64) {
+        let old = self
+            .run_state
+            .swap(state as u8, std::sync::atomic::Ordering::Relaxed);
+        self.set_level("run_state", state as u64);
+        self.set_level("run_number", run_number);
+        if old != state as u8 {
+            tracing::info!("run {run_number}: {}", state.name());
+        }
+    }
+
+    /// The run-control state last set, if any.
+    pub fn run_state(&self) -> Option<fanin_proto::RunState> {
+        let v = self.run_state.load(std::sync::atomic::Ordering::Relaxed);
+        fanin_proto::RunState::from_u8(v).ok()
+    }
+
     pub fn set_level(&self, what: &str, v: u64) {
         self.level
             .get_or_create(&labels(&[("what", what)]))
@@ -232,70 +286,130 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
     let local = listener.local_addr()?;
     tokio::spawn(async move {
         loop {
-            let Ok((mut s, _)) = listener.accept().await else {
+            let Ok((s, _)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
-            let m = metrics.clone();
-            tokio::spawn(async move {
-                let mut req = Vec::with_capacity(512);
-                let mut buf = [0u8; 1024];
-                let read = async {
-                    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
-                        let n = s.read(&mut buf).await?;
-                        if n == 0 {
-                            break;
-                        }
-                        req.extend_from_slice(&buf[..n]);
-                    }
-                    Ok::<_, std::io::Error>(())
-                };
-                if tokio::time::timeout(std::time::Duration::from_secs(5), read)
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-                // Reading /proc and /sys may sleep: off the runtime's threads.
-                let line = String::from_utf8_lossy(&req).into_owned();
-                let answer = tokio::task::spawn_blocking(move || respond(&m, &line)).await;
-                let Ok((status, kind, body)) = answer else {
-                    return;
-                };
-                let head = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = s.write_all(head.as_bytes()).await;
-                let _ = s.write_all(body.as_bytes()).await;
-                let _ = s.shutdown().await;
-            });
+            tokio::spawn(answer(s, metrics.clone()));
         }
     });
     Ok(local)
 }
 
-/// (status, content type, body) for one request line.
-fn respond(m: &Metrics, line: &str) -> (&'static str, &'static str, String) {
-    let mut words = line.split_whitespace();
-    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    if (method, path) == ("GET", "/metrics") {
-        return ("200 OK", TEXT, m.render());
+/// Reads one request (5 s at most), answers it on a blocking thread (reading /proc and
+/// /sys, or waiting for the ICN, may sleep) and closes the connection.
+async fn answer(mut s: tokio::net::TcpStream, m: Arc<Metrics>) {
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut s));
+    let reply = match read.await {
+        Ok(Ok(req)) => match tokio::task::spawn_blocking(move || respond(&m, &req)).await {
+            Ok(r) => r,
+            Err(_) => return,
+        },
+        Ok(Err(why)) => Reply {
+            status: "400 Bad Request",
+            kind: TEXT,
+            body: format!("{why}\n"),
+        },
+        Err(_) => return,
+    };
+    let head = format!(
+        "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reply.status,
+        reply.kind,
+        reply.body.len()
+    );
+    let _ = s.write_all(head.as_bytes()).await;
+    let _ = s.write_all(reply.body.as_bytes()).await;
+    let _ = s.shutdown().await;
+}
+
+/// The request line, the headers fanin uses and a body of `Content-Length` bytes.
+async fn read_request(s: &mut tokio::net::TcpStream) -> Result<Request, String> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(format!("request head over {MAX_HEAD} bytes"));
+        }
+        let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed in the request head".into());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut req = parse_head(&head)?;
+    let want = content_length(&head)?;
+    let mut body = buf.split_off(head_end);
+    while body.len() < want {
+        let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("connection closed in the request body".into());
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    body.truncate(want);
+    req.body = body;
+    Ok(req)
+}
+
+fn parse_head(head: &str) -> Result<Request, String> {
+    let mut words = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = match (words.next(), words.next()) {
+        (Some(m), Some(p)) => (m.to_string(), p.to_string()),
+        _ => return Err("no request line".into()),
+    };
+    let authorization = header(head, "authorization").map(str::to_string);
+    Ok(Request {
+        method,
+        path,
+        authorization,
+        body: Vec::new(),
+    })
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+fn content_length(head: &str) -> Result<usize, String> {
+    let Some(v) = header(head, "content-length") else {
+        return Ok(0);
+    };
+    let n: usize = v.parse().map_err(|_| format!("Content-Length {v:?}"))?;
+    if n > MAX_BODY {
+        return Err(format!("request body of {n} bytes is over {MAX_BODY}"));
+    }
+    Ok(n)
+}
+
+/// The answer to one request: `GET /metrics`, a route, or 404 naming what is served.
+fn respond(m: &Metrics, req: &Request) -> Reply {
+    // A query string does not change the endpoint (`/?token=..` opens the live page).
+    let path = req.path.split(['?', '#']).next().unwrap_or("");
+    if (req.method.as_str(), path) == ("GET", "/metrics") {
+        return Reply::ok(TEXT, m.render());
     }
     let routes = m.routes.lock().unwrap();
-    match routes.iter().find(|(me, p, _)| (*me, *p) == (method, path)) {
-        Some((_, _, f)) => {
-            let (kind, body) = f();
-            ("200 OK", kind, body)
-        }
+    match routes
+        .iter()
+        .find(|(me, p, _)| (*me, *p) == (req.method.as_str(), path))
+    {
+        Some((_, _, f)) => f(req),
         None => {
             let mut here = vec!["GET /metrics".to_string()];
             here.extend(routes.iter().map(|(me, p, _)| format!("{me} {p}")));
-            (
-                "404 Not Found",
-                TEXT,
-                format!("served here: {}\n", here.join(", ")),
-            )
+            Reply {
+                status: "404 Not Found",
+                kind: TEXT,
+                body: format!("served here: {}\n", here.join(", ")),
+            }
         }
     }
 }

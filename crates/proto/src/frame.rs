@@ -6,7 +6,7 @@ use crate::error::DecodeError;
 /// "FNIN" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FNIN");
 /// The protocol version this build speaks. A peer with another version is refused.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Size of the encoded header in bytes.
 pub const HEADER_LEN: usize = 12;
 
@@ -93,10 +93,10 @@ mod tests {
             Err(DecodeError::BadMagic(_))
         ));
         let mut b = good;
-        b[4] = 2; // the version before the sink reasons
+        b[4] = 3; // the version before RunState
         assert_eq!(
             FrameHeader::decode(&b, 100),
-            Err(DecodeError::Version { got: 2, want: 3 })
+            Err(DecodeError::Version { got: 3, want: 4 })
         );
         let mut b = good;
         b[6] = 1;

@@ -151,6 +151,10 @@ pub enum RejectCode {
     Busy = 6,
     /// A DataHello for another run.
     WrongRun = 7,
+    /// Run control: no run is configured yet (IDLE); a long-lived node waits.
+    Idle = 8,
+    /// Run control: the session has ended (EXIT); a long-lived node exits.
+    SessionOver = 9,
 }
 
 impl RejectCode {
@@ -163,13 +167,60 @@ impl RejectCode {
             5 => RejectCode::WrongPhase,
             6 => RejectCode::Busy,
             7 => RejectCode::WrongRun,
+            8 => RejectCode::Idle,
+            9 => RejectCode::SessionOver,
             _ => RejectCode::Other,
         }
     }
 
     /// May the same node succeed by trying again later?
     pub fn transient(self) -> bool {
-        matches!(self, RejectCode::IdInUse | RejectCode::Busy)
+        matches!(
+            self,
+            RejectCode::IdInUse | RejectCode::Busy | RejectCode::Idle
+        )
+    }
+}
+
+/// The run-control state machine's states (ANTARES RunControl, FairMQ devices):
+/// IDLE -> CONFIGURED -> RUNNING <-> PAUSED -> (stop) CONFIGURED -> ... -> EXIT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RunState {
+    Idle = 1,
+    Configured = 2,
+    Running = 3,
+    Paused = 4,
+    Exit = 5,
+}
+
+impl RunState {
+    pub const ALL: [RunState; 5] = [
+        RunState::Idle,
+        RunState::Configured,
+        RunState::Running,
+        RunState::Paused,
+        RunState::Exit,
+    ];
+
+    pub fn from_u8(v: u8) -> Result<RunState, DecodeError> {
+        RunState::ALL
+            .into_iter()
+            .find(|s| *s as u8 == v)
+            .ok_or(DecodeError::InvalidValue {
+                field: "run_state.state",
+                value: v as u64,
+            })
+    }
+
+    /// The name operators see (`fanin ctl status`, the live page, logs).
+    pub fn name(self) -> &'static str {
+        match self {
+            RunState::Idle => "IDLE",
+            RunState::Configured => "CONFIGURED",
+            RunState::Running => "RUNNING",
+            RunState::Paused => "PAUSED",
+            RunState::Exit => "EXIT",
+        }
     }
 }
 
@@ -308,6 +359,7 @@ pub enum MsgType {
     LoadReport = 18,
     EpnReachable = 19,
     Challenge = 20,
+    RunState = 21,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -382,6 +434,12 @@ pub enum Message {
     Challenge {
         nonce: Nonce,
     },
+    /// ICN -> FLP/EPN: the run-control state and the run number, after RegisterAck and
+    /// on every transition; `Exit` ends a long-lived node.
+    RunState {
+        state: RunState,
+        run_number: u64,
+    },
 }
 
 impl Message {
@@ -407,6 +465,7 @@ impl Message {
             Message::Release { .. } => MsgType::Release,
             Message::LoadReport { .. } => MsgType::LoadReport,
             Message::EpnReachable { .. } => MsgType::EpnReachable,
+            Message::RunState { .. } => MsgType::RunState,
         }
     }
 
@@ -521,6 +580,10 @@ impl Message {
                 w.u8(u8::from(*ok));
             }
             Message::Challenge { nonce } => w.bytes(nonce),
+            Message::RunState { state, run_number } => {
+                w.u8(*state as u8);
+                w.u64(*run_number);
+            }
         }
         let body_len = (w.buf.len() - HEADER_LEN) as u32;
         let header = FrameHeader {
@@ -723,6 +786,10 @@ impl Message {
             },
             20 => Message::Challenge {
                 nonce: r.array("challenge.nonce")?,
+            },
+            21 => Message::RunState {
+                state: RunState::from_u8(r.u8("run_state.state")?)?,
+                run_number: r.u64("run_state.run_number")?,
             },
             t => return Err(DecodeError::UnknownType(t)),
         };

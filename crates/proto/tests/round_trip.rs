@@ -120,6 +120,10 @@ fn samples() -> Vec<Message> {
             ok: true,
         },
         Message::Challenge { nonce: [9; 16] },
+        Message::RunState {
+            state: fanin_proto::RunState::Paused,
+            run_number: 42,
+        },
     ]
 }
 

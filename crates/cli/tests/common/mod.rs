@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod session;
+
 use fanin_lab::cluster::IcnLine;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -275,6 +275,9 @@ impl<P> EpnCore<P> {
                 }
             }
             Message::RunStart { run_id } => tracing::info!("EPN {me}: run {run_id} started"),
+            Message::RunState { state, run_number } => {
+                self.metrics.set_run_state(state, run_number)
+            }
             Message::RunStop { run_id } => {
                 tracing::info!("EPN {me}: run {run_id} stopping");
                 self.builder.stop(out);

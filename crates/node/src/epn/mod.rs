@@ -59,6 +59,8 @@ pub struct EpnOptions {
     pub on_sink_failure: OnFailure,
     /// Exec sinks lend payload pages to the pipe (only for commands that read(2)).
     pub exec_zero_copy: bool,
+    /// Long-lived (run control): join run after run until the session's EXIT.
+    pub session: bool,
 }
 
 /// Runs the EPN; if it loses the ICN mid-run (its lease expired, the ICN restarted),
@@ -73,9 +75,12 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let (o, m, r, idr) = (&opts, &metrics, reg.as_ref(), &id);
-    incarnations(&metrics, opts.connect_timeout, move |rejoining| {
-        run_once(o, m, idr, r, rejoining)
-    })
+    incarnations(
+        &metrics,
+        opts.connect_timeout,
+        opts.session,
+        move |rejoining| run_once(o, m, idr, r, rejoining),
+    )
     .await
 }
 
@@ -111,7 +116,10 @@ async fn run_once(
 
     let ctl_tx = joined.ctl.clone();
     let mut joined = joined;
-    let prep = prerun(&mut joined.rd, me, icn).await?;
+    let Some(prep) = prerun(&mut joined.rd, me, icn, &metrics).await? else {
+        // Run control ended this run before it started: the next one, or exit.
+        return Ok(joined.leave(Role::Epn, &metrics).await?);
+    };
     let rd = &mut joined.rd;
     let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
         .with_context(|| format!("EPN {me}: run parameters from ICN {icn}"))?;
@@ -234,15 +242,21 @@ async fn follow_icn(
     }
 }
 
-/// Pre-run: waits for the run parameters.
+/// Pre-run: waits for the run parameters (None: run control stopped the run before it
+/// started).
 async fn prerun(
     rd: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
     me: u32,
     icn: SocketAddr,
-) -> anyhow::Result<fanin_proto::Prepare> {
+    metrics: &Metrics,
+) -> anyhow::Result<Option<fanin_proto::Prepare>> {
     loop {
         match read_frame(rd, MAX_CONTROL_BODY).await? {
-            Some(Message::Prepare(p)) => return Ok(p),
+            Some(Message::Prepare(p)) => return Ok(Some(p)),
+            Some(Message::RunState { state, run_number }) => {
+                metrics.set_run_state(state, run_number)
+            }
+            Some(Message::RunStop { .. }) => return Ok(None),
             Some(other) => {
                 tracing::warn!("EPN {me}: ignoring {:?} before Prepare", other.msg_type())
             }

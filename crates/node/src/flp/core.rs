@@ -195,6 +195,9 @@ impl FlpCore {
             // EPNs joining mid-run (or restarted): connect in the background.
             Message::EpnList(list) => self.out.extend(list.into_iter().map(Action::Connect)),
             Message::RunStart { .. } => {}
+            Message::RunState { state, run_number } => {
+                self.metrics.set_run_state(state, run_number)
+            }
             Message::RunStop { .. } => {
                 for (_, n) in self.kept.drain() {
                     self.budget.release(n);

@@ -42,6 +42,8 @@ pub struct FlpOptions {
     pub connect_timeout: Duration,
     /// The run secret this node proves (empty: none).
     pub secret: crate::auth::Secret,
+    /// Long-lived (run control): join run after run until the session's EXIT.
+    pub session: bool,
 }
 
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
@@ -56,9 +58,12 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let (o, m, r, idr) = (&opts, &metrics, reg.as_ref(), &id);
-    incarnations(&metrics, opts.connect_timeout, move |_rejoining| {
-        run_once(o, m, idr, r)
-    })
+    incarnations(
+        &metrics,
+        opts.connect_timeout,
+        opts.session,
+        move |_rejoining| run_once(o, m, idr, r),
+    )
     .await
 }
 
@@ -78,7 +83,10 @@ async fn run_once(
     };
     let (icn, mut joined) = join_run(&spec, id, |_| Ok(String::new())).await?;
     let me = joined.me;
-    let (prep, list) = prerun(&mut joined, me, icn).await?;
+    let Some((prep, list)) = prerun(&mut joined, me, icn, metrics).await? else {
+        // Run control ended this run before it started: the next one, or exit.
+        return Ok(joined.leave(Role::Flp, metrics).await?);
+    };
     let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
         .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;
     let ctx = Arc::new(SendCtx {
@@ -130,21 +138,27 @@ async fn run_once(
     shell.run(joined, done_rx, icn, metrics).await
 }
 
-/// Pre-run: the run parameters and the EPN list, in either order.
+/// Pre-run: the run parameters and the EPN list, in either order (None: run control
+/// stopped the run before it started).
 async fn prerun(
     joined: &mut Joined,
     me: u32,
     icn: SocketAddr,
-) -> anyhow::Result<(Prepare, Vec<EpnEntry>)> {
+    metrics: &Metrics,
+) -> anyhow::Result<Option<(Prepare, Vec<EpnEntry>)>> {
     let mut prep: Option<Prepare> = None;
     let mut list: Option<Vec<EpnEntry>> = None;
     loop {
         if let (Some(p), Some(l)) = (&prep, &list) {
-            return Ok((p.clone(), l.clone()));
+            return Ok(Some((p.clone(), l.clone())));
         }
         match read_frame(&mut joined.rd, MAX_CONTROL_BODY).await? {
             Some(Message::Prepare(p)) => prep = Some(p),
             Some(Message::EpnList(l)) => list = Some(l),
+            Some(Message::RunState { state, run_number }) => {
+                metrics.set_run_state(state, run_number)
+            }
+            Some(Message::RunStop { .. }) => return Ok(None),
             Some(other) => {
                 tracing::warn!("FLP {me}: ignoring {:?} before the run", other.msg_type())
             }

@@ -4,6 +4,7 @@
 pub mod core;
 pub mod ledger;
 mod peer;
+mod session;
 pub mod summary;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -19,12 +20,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::config::Checked;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, Metrics, Reply, Request};
 use crate::registry::runtime::{RegistryOpts, RUN};
 use core::{Action, CoreConfig, IcnCore, Input, Level, Phase};
 use summary::{Summary, TfCsv};
 
 pub use peer::{ConnId, Event};
+pub use session::{session, SessionOptions};
 
 pub struct IcnOptions {
     pub run: Checked,
@@ -84,28 +86,20 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
             id_base: lead.id_base,
             registry_members: lead.members.as_ref().map(|m| m.borrow().clone()),
             stopwatch_ns,
+            hold_start: false,
         },
         metrics,
         Duration::ZERO,
     );
-    let mut shell = Shell {
-        origin: Instant::now(),
-        core,
-        conns: HashMap::new(),
-        failed: Default::default(),
-        tfs_csv: match &opts.results_dir {
-            Some(d) => Some(TfCsv::create(d)?),
-            None => None,
-        },
-        progress: opts.progress,
-        run_start_unix_us: 0,
-        rate: ((0.0, 0), 0.0),
-        status,
+    let tfs_csv = match &opts.results_dir {
+        Some(d) => Some(TfCsv::create(d)?),
+        None => None,
     };
+    let mut shell = Shell::new(core, tfs_csv, opts.progress, status);
     let result = shell.event_loop(ev_rx, &mut lead).await;
     acceptor.abort();
     result?;
-    shell.finish(&opts)
+    shell.finish(opts.results_dir.as_deref())
 }
 
 /// The results directory made and the configuration written into it, or a clear error.
@@ -129,12 +123,23 @@ fn start_acceptor(
     // Members: every node of the run, plus room for rejoining ones whose old
     // connection has not closed yet.
     let max_members = (cfg.flps + cfg.epns) as usize * 2 + 16;
-    if opts.secret.is_empty() {
+    acceptor(&opts.secret, max_members, listener, events, metrics)
+}
+
+/// The acceptor task for at most `max_members` registered connections at once.
+fn acceptor(
+    secret: &crate::auth::Secret,
+    max_members: usize,
+    listener: TcpListener,
+    events: mpsc::Sender<Event>,
+    metrics: &Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    if secret.is_empty() {
         tracing::warn!(
             "ICN: no run secret (--secret-file or FANIN_SECRET): any process that reaches this port can join the run"
         );
     }
-    let secret = Arc::new(opts.secret.clone());
+    let secret = Arc::new(secret.clone());
     tokio::spawn(peer::accept_loop(
         listener,
         events,
@@ -310,17 +315,41 @@ const LIVE_PAGE: &str = include_str!("live/page.html");
 fn serve_live(metrics: &Metrics) -> Arc<std::sync::Mutex<String>> {
     let status = Arc::new(std::sync::Mutex::new(String::from("{}")));
     let s = status.clone();
-    let json = move || ("application/json", s.lock().unwrap().clone());
+    let json = move |_: &Request| Reply::ok("application/json", s.lock().unwrap().clone());
     metrics.route("GET", "/status", Box::new(json));
-    let page = || ("text/html; charset=utf-8", LIVE_PAGE.to_string());
+    let page = |_: &Request| Reply::ok("text/html; charset=utf-8", LIVE_PAGE.to_string());
     metrics.route("GET", "/", Box::new(page));
     status
 }
 
 impl Shell {
-    /// Publishes the live status (`GET /status`), with the completion rate over the
-    /// last second or so.
+    fn new(
+        core: IcnCore,
+        tfs_csv: Option<TfCsv>,
+        progress: bool,
+        status: Arc<std::sync::Mutex<String>>,
+    ) -> Shell {
+        Shell {
+            origin: Instant::now(),
+            core,
+            conns: HashMap::new(),
+            failed: Default::default(),
+            tfs_csv,
+            progress,
+            run_start_unix_us: 0,
+            rate: ((0.0, 0), 0.0),
+            status,
+        }
+    }
+
+    /// Publishes the live status (`GET /status`).
     fn publish_status(&mut self) {
+        let st = self.status_json();
+        *self.status.lock().unwrap() = st.to_string();
+    }
+
+    /// The core's status with the completion rate over the last second or so.
+    fn status_json(&mut self) -> serde_json::Value {
         let mut st = self.core.status();
         let now = (
             st["t_s"].as_f64().unwrap_or(0.0),
@@ -332,7 +361,7 @@ impl Shell {
             (*t0, *c0) = now;
         }
         st["rate_hz"] = serde_json::json!(*rate);
-        *self.status.lock().unwrap() = st.to_string();
+        st
     }
 
     fn now(&self) -> Duration {
@@ -408,6 +437,34 @@ impl Shell {
             }
         };
         self.feed(input);
+    }
+
+    /// A run-control command to the core, then its actions carried out.
+    fn command(&mut self, cmd: crate::runctl::Command) -> Result<String, String> {
+        let done = self.core.command(self.now(), cmd);
+        self.carry_out();
+        done
+    }
+
+    /// Ends a run that never started (its nodes are told, EXIT first when the session
+    /// ends); dropping the connections afterwards flushes what was queued to them.
+    fn cancel(&mut self, exit: bool) {
+        self.core.cancel(exit);
+        self.carry_out();
+        self.conns.clear();
+    }
+
+    /// Carries out the core's pending actions (failed sends are fed back).
+    fn carry_out(&mut self) {
+        let mut failed = VecDeque::new();
+        while let Some(action) = self.core.poll_action() {
+            if let Some(f) = self.act(action) {
+                failed.push_back(f);
+            }
+        }
+        for f in failed {
+            self.feed(f);
+        }
     }
 
     /// Feeds one input, then carries out every action; failed sends come back as inputs.
@@ -491,7 +548,7 @@ impl Shell {
 
     /// Ends the run: the last rows and the summary to the results directory, the counts
     /// to the log.
-    fn finish(mut self, opts: &IcnOptions) -> anyhow::Result<Summary> {
+    fn finish(mut self, results_dir: Option<&std::path::Path>) -> anyhow::Result<Summary> {
         let mut summary = self.core.finish(self.now());
         while let Some(action) = self.core.poll_action() {
             self.act(action);
@@ -502,7 +559,7 @@ impl Shell {
         }
         // The counts reach the log even when the results directory is gone.
         log_counts(&summary);
-        if let Some(dir) = &opts.results_dir {
+        if let Some(dir) = results_dir {
             if let Err(e) = summary.write(dir) {
                 // The result is not lost: it goes to stdout, and the exit says why.
                 let json = serde_json::to_string(&summary).unwrap_or_default();

@@ -71,6 +71,9 @@ pub struct Summary {
     pub latency_ms: Latency,
     /// Time from ICN start until the run started (all registered and connected).
     pub prerun_s: f64,
+    /// Time the run spent paused (run control), left out of `duration_s`.
+    #[serde(default)]
+    pub paused_s: f64,
     pub invariant_ok: bool,
     pub valid: bool,
     pub invalid_reason: Option<String>,
@@ -176,7 +179,7 @@ impl Summary {
         cfg: &Checked,
         ledger: &Ledger,
         tally: &Tally,
-        prerun_s: f64,
+        (prerun_s, paused_s): (f64, f64),
         nodes: BTreeMap<String, BTreeMap<String, u64>>,
         events: Vec<String>,
     ) -> Summary {
@@ -190,7 +193,7 @@ impl Summary {
         let duration_s = if ledger.issued == 0 {
             0.0
         } else {
-            (last_issue - first) as f64 / 1e6 + period
+            ((last_issue - first) as f64 / 1e6 + period - paused_s).max(0.0)
         };
         let active_s = ledger
             .last_end_us
@@ -258,6 +261,7 @@ impl Summary {
                 max: ledger.latency_max_ms(),
             },
             prerun_s,
+            paused_s,
             invariant_ok,
             valid: invalid_reason.is_none(),
             invalid_reason,
@@ -502,7 +506,7 @@ mod tests {
             incomplete: lost,
             ..Tally::default()
         };
-        Summary::build(1, &cfg, &l, &tally, 0.1, BTreeMap::new(), vec![])
+        Summary::build(1, &cfg, &l, &tally, (0.1, 0.0), BTreeMap::new(), vec![])
     }
 
     #[test]
@@ -533,7 +537,7 @@ mod tests {
             completed: 40,
             ..Tally::default()
         };
-        let mut s = Summary::build(1, &cfg, &l, &tally, 0.1, BTreeMap::new(), vec![]);
+        let mut s = Summary::build(1, &cfg, &l, &tally, (0.1, 0.0), BTreeMap::new(), vec![]);
         assert_eq!(s.loss_pct, 0.0, "nothing issued was lost ...");
         assert!(!s.valid, "... but the run is not what was asked for");
         let why = s.invalid_reason.clone().unwrap();
@@ -587,7 +591,7 @@ mod tests {
             ids: 1,
             ..Tally::default()
         };
-        let s = Summary::build(1, &cfg, &l, &tally, 0.0, BTreeMap::new(), vec![]);
+        let s = Summary::build(1, &cfg, &l, &tally, (0.0, 0.0), BTreeMap::new(), vec![]);
         assert!(!s.invariant_ok && !s.valid);
     }
 
@@ -602,7 +606,7 @@ mod tests {
             completed: 1,
             ..Tally::default()
         };
-        let build = |t: &Tally| Summary::build(1, &cfg, &l, t, 0.0, BTreeMap::new(), vec![]);
+        let build = |t: &Tally| Summary::build(1, &cfg, &l, t, (0.0, 0.0), BTreeMap::new(), vec![]);
         assert!(build(&right).invariant_ok);
         let no_row = Tally {
             completed: 0,

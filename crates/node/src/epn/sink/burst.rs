@@ -61,13 +61,13 @@ impl BurstSink {
         let (tx, triggers) = channel();
         let tx = Mutex::new(tx);
         let epn = ctx.epn;
-        let trigger = move || {
+        let trigger = move |_: &crate::metrics::Request| {
             let ok = tx.lock().unwrap().send(Instant::now()).is_ok();
             let reply = match ok {
                 true => format!("EPN {epn}: burst saved from now\n"),
                 false => format!("EPN {epn}: the run has ended; nothing saved\n"),
             };
-            (crate::metrics::TEXT, reply)
+            crate::metrics::Reply::ok(crate::metrics::TEXT, reply)
         };
         ctx.metrics.route("POST", "/trigger", Box::new(trigger));
         Ok(BurstSink {

@@ -12,7 +12,7 @@ use crate::icn::ledger::TfRow;
 impl IcnCore {
     /// Absolute issue time of TF `n`: t0 + n / rate. No drift, however late a wake-up.
     pub(super) fn deadline_of(&self, n: u64) -> Now {
-        let t0 = self.run_t0.expect("running");
+        let t0 = self.run_t0.expect("running") + self.paused_total;
         t0 + Duration::from_secs_f64(n as f64 / self.cfg.run.cfg.rate_hz)
     }
 
@@ -21,7 +21,7 @@ impl IcnCore {
         if matches!(self.phase, Phase::Running | Phase::Draining) {
             self.assign_waiting();
         }
-        if self.phase == Phase::Running {
+        if self.phase == Phase::Running && self.paused_at.is_none() {
             let total = self.cfg.run.total_tfs;
             let mut budget = ISSUE_BATCH;
             self.more_due = false;

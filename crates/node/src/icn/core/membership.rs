@@ -120,6 +120,8 @@ impl IcnCore {
     fn ack(&mut self, conn: ConnId, node_id: u32) {
         let run_id = self.cfg.run_id;
         self.send(conn, Message::RegisterAck { node_id, run_id });
+        let state = self.state_msg();
+        self.send(conn, state);
     }
 
     pub(super) fn set_levels(&self) {
@@ -458,7 +460,7 @@ impl IcnCore {
             Phase::Registering => {
                 self.log(Level::Info, format!("{name} left before the run: {why}"))
             }
-            Phase::Preparing => {
+            Phase::Preparing | Phase::Ready => {
                 self.fatal = Some(format!("{name} left during the pre-run: {why}"));
                 self.phase = Phase::Done;
             }

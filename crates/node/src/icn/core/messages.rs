@@ -72,7 +72,18 @@ impl IcnCore {
         if let Some(p) = self.peers.get_mut(&conn) {
             p.ready = true;
         }
-        if self.peers.values().all(|p| p.ready) {
+        if !self.peers.values().all(|p| p.ready) {
+            return;
+        }
+        if self.cfg.hold_start {
+            self.phase = Phase::Ready;
+            self.prerun_s = self.now.saturating_sub(self.started).as_secs_f64();
+            let line = format!(
+                "run {}: every node is ready; waiting for START",
+                self.cfg.run_id
+            );
+            self.log(Level::Info, line);
+        } else {
             self.start_run();
         }
     }

@@ -6,8 +6,10 @@
 //! lines, `tfs.csv` rows. A send that fails comes back later as `Input::SendFailed`,
 //! never as a re-entrant call. The work is split by concern: `membership` (who is in the
 //! run), `issuing` (TF ids, placement, re-assignment, accounting), `phases` (the run's
-//! life from registration to the summary).
+//! life from registration to the summary), `control` (run control: start, pause,
+//! resume, stop of a held run).
 
+mod control;
 mod issuing;
 mod membership;
 mod messages;
@@ -58,6 +60,8 @@ pub const MAX_EVENTS: usize = 10_000;
 pub enum Phase {
     Registering,
     Preparing,
+    /// Every node ready; a held run (run control) waits for START.
+    Ready,
     Running,
     Draining,
     Stopping,
@@ -142,6 +146,9 @@ pub struct CoreConfig {
     /// Measures how long policy updates take, in ns (the shell's clock; simulations
     /// and tests pass one that returns 0, which keeps them deterministic).
     pub stopwatch_ns: fn() -> u64,
+    /// Run control: once every node is ready, wait for `Command::Start` (no pre-run
+    /// time-out) instead of starting at once.
+    pub hold_start: bool,
 }
 
 /// One registered control connection.
@@ -215,6 +222,12 @@ pub struct IcnCore {
     pub(crate) last_load: BTreeMap<EpnId, fanin_sched::EpnLoad>,
     /// The newest membership changes (time s, "EPN 1 lost"), for the live status.
     pub(crate) recent_members: VecDeque<(f64, String)>,
+    /// Run control: paused since, and the pauses before (issuing stops meanwhile).
+    pub(crate) paused_at: Option<Now>,
+    pub(crate) paused_total: Duration,
+    /// The process's TF counters when this run's core was made (the live status shows
+    /// this run's ends by reason; the metrics keep counting over a session's runs).
+    pub(crate) metrics_base: BTreeMap<String, u64>,
     outbox: VecDeque<Action>,
 }
 
@@ -222,6 +235,8 @@ impl IcnCore {
     /// A new ICN at time `now`, waiting for registrations until the pre-run time-out.
     pub fn new(cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
         let prerun_timeout = Duration::from_secs_f64(cfg.run.cfg.prerun_timeout_s);
+        let metrics_base = metrics.snapshot().into_iter().collect();
+        let phase_deadline = (!cfg.hold_start).then_some(now + prerun_timeout);
         let window = window::Window::new(&cfg.run);
         IcnCore {
             placer: Placer::new(cfg.run.cfg.build_policy()),
@@ -232,7 +247,8 @@ impl IcnCore {
             started: now,
             run_t0: None,
             phase: Phase::Registering,
-            phase_deadline: Some(now + prerun_timeout),
+            // A held run waits for its nodes as long as run control lets it.
+            phase_deadline,
             last_lease_check: now,
             peers: HashMap::new(),
             epns: BTreeMap::new(),
@@ -256,6 +272,9 @@ impl IcnCore {
             load_recorded: BTreeMap::new(),
             last_load: BTreeMap::new(),
             recent_members: VecDeque::new(),
+            paused_at: None,
+            paused_total: Duration::ZERO,
+            metrics_base,
             outbox: VecDeque::new(),
         }
     }
@@ -323,6 +342,7 @@ impl IcnCore {
     pub fn poll_timeout(&self) -> Option<Now> {
         let prerun = Duration::from_secs_f64(self.cfg.run.cfg.prerun_timeout_s);
         let issue = match self.phase {
+            Phase::Running if self.paused_at.is_some() => None,
             Phase::Running if self.more_due => Some(self.now),
             Phase::Running if self.cfg.run.paced() => Some(self.deadline_of(self.next_tf)),
             // Unthrottled and waiting for a missing node: until the pre-run time-out.

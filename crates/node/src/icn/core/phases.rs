@@ -40,7 +40,10 @@ impl IcnCore {
 
     pub(super) fn start_run(&mut self) {
         let now = self.now;
-        self.prerun_s = now.saturating_sub(self.started).as_secs_f64();
+        // A held run's pre-run ended when every node was ready, not at START.
+        if !self.cfg.hold_start {
+            self.prerun_s = now.saturating_sub(self.started).as_secs_f64();
+        }
         let line = format!(
             "pre-run took {:.3} s (registration {:.3} s, connections {:.3} s); run {} starts",
             self.prerun_s,
@@ -90,7 +93,7 @@ impl IcnCore {
             return;
         }
         match self.phase {
-            Phase::Registering | Phase::Preparing => self.prerun_timed_out(),
+            Phase::Registering | Phase::Preparing | Phase::Ready => self.prerun_timed_out(),
             Phase::Running => self.begin_drain(),
             Phase::Draining => {
                 let line = format!(
@@ -146,7 +149,7 @@ impl IcnCore {
         self.note(msg.into());
         match self.phase {
             Phase::Running | Phase::Draining => self.begin_stop(),
-            Phase::Registering | Phase::Preparing => {
+            Phase::Registering | Phase::Preparing | Phase::Ready => {
                 self.fatal = Some("lost leadership before the run started".into());
                 self.phase = Phase::Done;
             }
@@ -166,7 +169,7 @@ impl IcnCore {
         let msg = format!("interrupted after issuing {issued}{of} TFs");
         self.log(Level::Warn, msg.clone());
         match (self.phase, self.interrupts) {
-            (Phase::Registering | Phase::Preparing, _) => {
+            (Phase::Registering | Phase::Preparing | Phase::Ready, _) => {
                 self.fatal = Some("interrupted before the run started".into());
                 self.phase = Phase::Done;
             }
@@ -233,12 +236,18 @@ impl IcnCore {
                 .push(format!("{n} more events and membership changes not kept"));
         }
         self.tally.ids = self.next_tf;
+        // A held run stopped by run control had no planned length: its configured one
+        // was a limit, not a target.
+        let mut run = self.cfg.run.clone();
+        if self.cfg.hold_start && self.interrupts > 0 {
+            (run.total_tfs, run.configured_duration) = (None, None);
+        }
         let summary = Summary::build(
             self.cfg.run_id,
-            &self.cfg.run,
+            &run,
             &self.ledger,
             &self.tally,
-            self.prerun_s,
+            (self.prerun_s, self.paused().as_secs_f64()),
             std::mem::take(&mut self.node_stats),
             std::mem::take(&mut self.events),
         );

@@ -15,16 +15,22 @@ impl IcnCore {
         let phase = match self.phase {
             Phase::Registering => "registering",
             Phase::Preparing => "preparing",
+            Phase::Ready => "ready",
             Phase::Running => "running",
             Phase::Draining => "draining",
             Phase::Stopping => "stopping",
             Phase::Done => "done",
         };
+        let base = |k: &str| self.metrics_base.get(k).copied().unwrap_or(0);
         let ended: serde_json::Map<String, Value> = self
             .metrics
             .snapshot()
             .into_iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("tfs.")?.to_string(), json!(v))))
+            .filter_map(|(k, v)| {
+                let n = v.saturating_sub(base(&k));
+                Some((k.strip_prefix("tfs.")?.to_string(), json!(n)))
+            })
+            .filter(|(_, n)| n.as_u64() != Some(0))
             .collect();
         let epns: Vec<Value> = self
             .epns
@@ -45,7 +51,9 @@ impl IcnCore {
             .collect();
         json!({
             "run_id": self.cfg.run_id,
+            "state": self.run_state().name(),
             "phase": phase,
+            "paused_s": self.paused().as_secs_f64(),
             "t_s": self.now_us() as f64 / 1e6,
             "flps": self.flps.len(),
             "issued": self.ledger.issued,

@@ -15,6 +15,8 @@ use crate::icn::summary::Summary;
 use crate::metrics::Metrics;
 use crate::registry::{Membership, Registered};
 
+mod control;
+
 const MS: Duration = Duration::from_millis(1);
 
 fn epn_conn(id: u32) -> ConnId {
@@ -58,6 +60,15 @@ impl H {
     }
 
     fn with_base(cfg: RunConfig, id_base: u64, members: Option<Membership>) -> H {
+        H::build(cfg, id_base, members, false)
+    }
+
+    /// A run held for run control's START.
+    fn held(cfg: RunConfig) -> H {
+        H::build(cfg, 0, None, true)
+    }
+
+    fn build(cfg: RunConfig, id_base: u64, members: Option<Membership>, hold: bool) -> H {
         let metrics = Metrics::new("icn", None);
         let core = IcnCore::new(
             CoreConfig {
@@ -66,6 +77,7 @@ impl H {
                 id_base,
                 registry_members: members,
                 stopwatch_ns: || 0,
+                hold_start: hold,
             },
             metrics.clone(),
             Duration::ZERO,
@@ -184,8 +196,17 @@ fn ready(role: Role, node_id: u32, connected: u32) -> Message {
     }
 }
 
-/// The frames sent to `conn` among `actions`.
+/// The frames sent to `conn` among `actions`, run-control states left out (`control`
+/// checks those with `sent`).
 fn to(actions: &[Action], conn: ConnId) -> Vec<Message> {
+    sent(actions, conn)
+        .into_iter()
+        .filter(|m| !matches!(m, Message::RunState { .. }))
+        .collect()
+}
+
+/// Every frame sent to `conn` among `actions`.
+fn sent(actions: &[Action], conn: ConnId) -> Vec<Message> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -244,6 +265,15 @@ fn register_acks_with_the_id_and_run() {
             node_id: 0,
             run_id: 7
         }]
+    );
+    let state = Message::RunState {
+        state: fanin_proto::RunState::Configured,
+        run_number: 7,
+    };
+    assert_eq!(
+        sent(&out, epn_conn(0))[1],
+        state,
+        "a node learns the state at once"
     );
     assert_eq!(h.core.phase(), Phase::Registering);
 }

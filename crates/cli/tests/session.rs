@@ -1,0 +1,143 @@
+//! Run control with real processes: one ICN, FLPs and EPNs that stay up for a session of
+//! runs (configure, start, pause, resume, stop, reconfigure, start, stop, exit).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::session::*;
+use common::*;
+
+fn summary(dir: &Path, run: u32) -> serde_json::Value {
+    read_summary(&dir.join(format!("res/run-{run}")))
+}
+
+/// Runs until `issued >= n`, then stops it; the stop answers with the run's counts.
+fn run_until(s: &Session, n: u64) -> String {
+    wait_status(s.http, &s.secret, |st| st["issued"].as_u64() >= Some(n));
+    ok(s.http, &s.secret, &["stop"])
+}
+
+#[test]
+fn a_two_run_session_on_one_set_of_processes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let s = start_session(dir);
+    let (http, secret) = (s.http, s.secret.as_path());
+    let mut nodes = vec![
+        node(dir, &s, "flp", "flp-a", &[]),
+        node(dir, &s, "flp", "flp-b", &[]),
+        node(dir, &s, "epn", "epn-a", &[]),
+    ];
+    // Strangers get nothing: no token, no control.
+    let (good, _, err) = ctl(http, None, &["start"]);
+    assert!(
+        !good && err.contains("run control needs the token"),
+        "{err}"
+    );
+    assert!(ok(http, secret, &["status"]).starts_with("IDLE run 1"));
+    let err = refused(http, secret, &["start"]);
+    assert!(err.contains("no run is configured"), "{err}");
+    let run_a = repo_root().join("examples/session/run-a.toml");
+    let run_b = repo_root().join("examples/session/run-b.toml");
+    let line = ok(http, secret, &["configure", run_a.to_str().unwrap()]);
+    assert!(
+        line.starts_with("run 1 configured: 2 FLPs, 2 EPNs"),
+        "{line}"
+    );
+    // The second EPN joins late and learns the state (its gauge) before the run starts.
+    let m: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    nodes.push(node(
+        dir,
+        &s,
+        "epn",
+        "epn-late",
+        &["--metrics", &m.to_string()],
+    ));
+    let state = |want: f64| {
+        let until = Instant::now() + Duration::from_secs(30);
+        let now = || metric(&http_get(m, "/metrics").unwrap_or_default(), &["run_state"]);
+        while now() != want {
+            assert!(
+                Instant::now() < until,
+                "the late EPN never learnt state {want}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    state(2.0); // CONFIGURED
+    assert_eq!(ok(http, secret, &["start"]), "run 1 started");
+    state(3.0); // RUNNING
+    wait_status(http, secret, |st| st["issued"].as_u64() >= Some(50));
+    assert_eq!(ok(http, secret, &["pause"]), "run 1 paused");
+    state(4.0); // PAUSED
+    let issued = status(http, secret)["issued"].clone();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        status(http, secret)["issued"],
+        issued,
+        "TFs issued while paused"
+    );
+    let err = refused(http, secret, &["configure", run_b.to_str().unwrap()]);
+    assert!(err.contains("a run is PAUSED: stop it first"), "{err}");
+    assert_eq!(ok(http, secret, &["resume"]), "run 1 resumed");
+    let end = run_until(&s, issued.as_u64().unwrap() + 50);
+    assert!(
+        end.starts_with("run 1 ended: issued ") && end.contains("res/run-1"),
+        "{end}"
+    );
+    let one = summary(dir, 1);
+    assert_eq!(one["invariant_ok"], true);
+    assert_eq!(u(&one, "issued"), u(&one, "completed"), "{one}");
+    assert!(one["paused_s"].as_f64().unwrap() >= 0.5, "{one}");
+    assert!(dir.join("res/run-1/report.html").is_file());
+    // Reconfigured between runs: the same processes run run 2.
+    let line = ok(http, secret, &["configure", run_b.to_str().unwrap()]);
+    assert!(line.starts_with("run 2 configured"), "{line}");
+    assert_eq!(ok(http, secret, &["start"]), "run 2 started");
+    let end = run_until(&s, 100);
+    assert!(end.starts_with("run 2 ended"), "{end}");
+    let two = summary(dir, 2);
+    assert_eq!(
+        (two["policy"].as_str(), two["stf_size"].as_str()),
+        (Some("least-loaded"), Some("65536"))
+    );
+    assert_eq!(two["invariant_ok"], true);
+    assert_eq!(u(&two, "issued"), u(&two, "completed"), "{two}");
+    for n in &mut nodes {
+        assert!(
+            n.child.try_wait().unwrap().is_none(),
+            "{} exited between runs",
+            n.name
+        );
+    }
+    assert!(ok(http, secret, &["status"]).starts_with("CONFIGURED run 3"));
+    assert_eq!(ok(http, secret, &["exit"]), "the session ends");
+    let mut s = s;
+    for p in nodes.iter_mut().chain([&mut s.icn]) {
+        let st = p.wait(20);
+        assert!(st.success(), "{} ended with {st}", p.name);
+    }
+}
+
+#[test]
+fn nodes_wait_while_the_icn_is_idle_and_leave_on_exit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut s = start_session(dir);
+    let mut flp = node(dir, &s, "flp", "flp", &[]);
+    std::thread::sleep(Duration::from_millis(2500)); // refused as IDLE at least once
+    assert!(
+        flp.child.try_wait().unwrap().is_none(),
+        "the FLP gave up while IDLE"
+    );
+    let err = refused(s.http, &s.secret, &["pause"]);
+    assert!(err.contains("pause is not possible in state IDLE"), "{err}");
+    ok(s.http, &s.secret, &["exit"]);
+    assert!(flp.wait(20).success());
+    assert!(s.icn.wait(20).success());
+    let log = std::fs::read_to_string(dir.join("flp.log")).unwrap();
+    assert!(log.contains("waiting for a run to be configured"), "{log}");
+}
