@@ -106,6 +106,13 @@ fn a_two_run_session_on_one_set_of_processes() {
     );
     assert_eq!(two["invariant_ok"], true);
     assert_eq!(u(&two, "issued"), u(&two, "completed"), "{two}");
+    // Each node's counters are the run's own, not the session's.
+    for flp in ["FLP 0", "FLP 1"] {
+        assert_eq!(
+            two["nodes"][flp]["stfs.sent"], two["issued"],
+            "{flp}: {two}"
+        );
+    }
     for n in &mut nodes {
         assert!(
             n.child.try_wait().unwrap().is_none(),
@@ -128,16 +135,20 @@ fn nodes_wait_while_the_icn_is_idle_and_leave_on_exit() {
     let dir = tmp.path();
     let mut s = start_session(dir);
     let mut flp = node(dir, &s, "flp", "flp", &[]);
-    std::thread::sleep(Duration::from_millis(2500)); // refused as IDLE at least once
-    assert!(
-        flp.child.try_wait().unwrap().is_none(),
-        "the FLP gave up while IDLE"
-    );
+    // Refused as IDLE, it waits (and says so once).
+    let until = Instant::now() + Duration::from_secs(30);
+    let log = || std::fs::read_to_string(dir.join("flp.log")).unwrap_or_default();
+    while !log().contains("waiting for a run that takes this node") {
+        assert!(Instant::now() < until, "the FLP never waited: {}", log());
+        assert!(
+            flp.child.try_wait().unwrap().is_none(),
+            "the FLP gave up while IDLE"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let err = refused(s.http, &s.secret, &["pause"]);
     assert!(err.contains("pause is not possible in state IDLE"), "{err}");
     ok(s.http, &s.secret, &["exit"]);
     assert!(flp.wait(20).success());
     assert!(s.icn.wait(20).success());
-    let log = std::fs::read_to_string(dir.join("flp.log")).unwrap();
-    assert!(log.contains("waiting for a run to be configured"), "{log}");
 }

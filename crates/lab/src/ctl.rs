@@ -146,6 +146,9 @@ impl Api {
             let st = self.status()?;
             let last = &st["last_run"];
             if last["run_number"].as_u64() == Some(n) {
+                if let Some(e) = last["error"].as_str() {
+                    anyhow::bail!("ICN {}: run {n} ended, but: {e}", self.icn);
+                }
                 let line = format!(
                     "run {n} ended: issued {} completed {} incomplete {} dropped {} invariant_ok {}; results in {}",
                     last["issued"], last["completed"], last["incomplete"], last["dropped"],

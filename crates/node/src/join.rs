@@ -42,6 +42,7 @@ where
             Ok(()) if session && metrics.run_state() != Some(fanin_proto::RunState::Exit) => {
                 runs += 1;
                 (rejoins, backoff, since) = (0, BACKOFF_MIN, tokio::time::Instant::now());
+                metrics.new_run();
             }
             Ok(()) => return Ok(()),
             Err(NodeError::SessionOver(e)) => {
@@ -52,7 +53,7 @@ where
                 // Alive but IDLE: wait as long as it lasts (one line now and then).
                 idle_waits += 1;
                 if idle_waits % 30 == 1 {
-                    tracing::info!("{e}; waiting for a run to be configured");
+                    tracing::info!("{e}; waiting for a run that takes this node");
                 }
                 tokio::time::sleep(BACKOFF_MAX).await;
                 since = tokio::time::Instant::now();
@@ -221,6 +222,9 @@ pub struct JoinSpec<'a> {
     pub control_bind: Option<IpAddr>,
     pub connect_timeout: Duration,
     pub secret: &'a Secret,
+    /// Long-lived (run control): a run that cannot take this node now (full, not
+    /// registering, not this id) is waited out, not an end.
+    pub session: bool,
 }
 
 /// One incarnation's way in: find the ICN, connect and register (under the id of the
@@ -249,6 +253,10 @@ pub async fn join_run(
                 code: RejectCode::SessionOver,
                 ..
             } => NodeError::SessionOver(format!("{e:#}")),
+            JoinError::Refused {
+                code: RejectCode::RunFull | RejectCode::WrongPhase | RejectCode::UnknownId,
+                ..
+            } if spec.session => NodeError::IcnIdle(format!("{e:#}")),
             _ if e.transient() => NodeError::IcnUnreachable(format!("{e:#}")),
             _ => NodeError::Fatal(e.into()),
         })?;
@@ -280,7 +288,7 @@ pub async fn leave(
     ctl.send(Message::NodeStats(NodeStats {
         role,
         node_id: me,
-        counters: metrics.snapshot(),
+        counters: metrics.run_snapshot(),
     }))
     .await?;
     drop(ctl);

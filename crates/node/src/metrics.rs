@@ -37,9 +37,12 @@ pub struct Metrics {
     latency: Histogram,
     snapshot: Mutex<BTreeMap<String, u64>>,
     /// Endpoints a node adds beside `GET /metrics`: (method, path, handler).
-    routes: Mutex<Vec<(&'static str, &'static str, Route)>>,
+    routes: Mutex<Vec<(&'static str, &'static str, Arc<Route>)>>,
     /// CPU, memory, network, clock and temperature, read at each scrape.
     host: crate::host::HostMetrics,
+    /// The counters when this node's current run began (a long-lived node reports
+    /// each run's own counts).
+    run_base: Mutex<BTreeMap<String, u64>>,
     /// The run-control state this node was last told (0: none yet).
     run_state: std::sync::atomic::AtomicU8,
 }
@@ -74,7 +77,11 @@ impl Reply {
 }
 
 /// The largest request body a node reads (a run configuration fits many times over).
-pub const MAX_BODY: usize = 1 << 20;
+pub const MAX_BODY: usize = 256 << 10;
+
+/// HTTP connections served at once (more wait to be accepted): with `MAX_BODY`, what
+/// strangers can make a node hold.
+const MAX_HTTP: usize = 32;
 
 /// The largest request head (request line and headers).
 const MAX_HEAD: usize = 16 * 1024;
@@ -114,6 +121,7 @@ impl Metrics {
             latency: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
             routes: Mutex::new(Vec::new()),
             run_state: Default::default(),
+            run_base: Mutex::new(BTreeMap::new()),
             host: Default::default(),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
@@ -243,6 +251,20 @@ impl Metrics {
     }
 
     /// Counter values by flat name (`stfs.sent`, `errors.bad_magic`, ...).
+    /// A new run begins for a long-lived node: its counters from now on are the run's.
+    pub fn new_run(&self) {
+        let now = self.snapshot.lock().unwrap().clone();
+        *self.run_base.lock().unwrap() = now;
+    }
+
+    /// Counter values since the current run began (all of them for a one-run node).
+    pub fn run_snapshot(&self) -> Vec<(String, u64)> {
+        let base = self.run_base.lock().unwrap();
+        let since = |k: &String, v: u64| v.saturating_sub(base.get(k).copied().unwrap_or(0));
+        let now = self.snapshot.lock().unwrap();
+        now.iter().map(|(k, v)| (k.clone(), since(k, *v))).collect()
+    }
+
     pub fn snapshot(&self) -> Vec<(String, u64)> {
         self.snapshot
             .lock()
@@ -261,7 +283,7 @@ impl Metrics {
     pub fn route(&self, method: &'static str, path: &'static str, f: Route) {
         let mut routes = self.routes.lock().unwrap();
         routes.retain(|(m, p, _)| (*m, *p) != (method, path));
-        routes.push((method, path, f));
+        routes.push((method, path, Arc::new(f)));
     }
 
     /// The Prometheus text, host gauges read now.
@@ -284,13 +306,21 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
         .await
         .map_err(|e| anyhow::anyhow!("metrics bind {bind}: {e}"))?;
     let local = listener.local_addr()?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HTTP));
     tokio::spawn(async move {
         loop {
+            let Ok(slot) = slots.clone().acquire_owned().await else {
+                return;
+            };
             let Ok((s, _)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
-            tokio::spawn(answer(s, metrics.clone()));
+            let m = metrics.clone();
+            tokio::spawn(async move {
+                answer(s, m).await;
+                drop(slot);
+            });
         }
     });
     Ok(local)
@@ -396,15 +426,24 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
     if (req.method.as_str(), path) == ("GET", "/metrics") {
         return Reply::ok(TEXT, m.render());
     }
-    let routes = m.routes.lock().unwrap();
-    match routes
-        .iter()
-        .find(|(me, p, _)| (*me, *p) == (req.method.as_str(), path))
-    {
-        Some((_, _, f)) => f(req),
+    // The handler runs without the lock: a run-control command may wait for the ICN.
+    let (route, served) = {
+        let routes = m.routes.lock().unwrap();
+        let route = routes
+            .iter()
+            .find(|(me, p, _)| (*me, *p) == (req.method.as_str(), path))
+            .map(|(_, _, f)| f.clone());
+        let served: Vec<String> = routes
+            .iter()
+            .map(|(me, p, _)| format!("{me} {p}"))
+            .collect();
+        (route, served)
+    };
+    match route {
+        Some(f) => f(req),
         None => {
             let mut here = vec!["GET /metrics".to_string()];
-            here.extend(routes.iter().map(|(me, p, _)| format!("{me} {p}")));
+            here.extend(served);
             Reply {
                 status: "404 Not Found",
                 kind: TEXT,

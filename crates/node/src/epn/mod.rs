@@ -101,6 +101,7 @@ async fn run_once(
         control_bind: opts.control_bind,
         connect_timeout: opts.connect_timeout,
         secret: &opts.secret,
+        session: opts.session,
     };
     let (icn, joined) = join_run(&spec, id, |ctl| {
         Ok(match opts.advertise {

@@ -80,6 +80,7 @@ async fn run_once(
         control_bind: opts.control_bind,
         connect_timeout: opts.connect_timeout,
         secret: &opts.secret,
+        session: opts.session,
     };
     let (icn, mut joined) = join_run(&spec, id, |_| Ok(String::new())).await?;
     let me = joined.me;

@@ -54,7 +54,7 @@ const MAX_HELD: usize = 1024;
 
 /// After EXIT, how long nodes that come back are told the session is over (longer than
 /// a node's longest back-off).
-const LINGER: Duration = Duration::from_secs(3);
+const LINGER: Duration = Duration::from_secs(5);
 
 /// One run-control request from the HTTP API, answered on `reply`.
 struct CtlRequest {
@@ -157,12 +157,20 @@ impl Session {
                         Err(why) => tracing::warn!("ICN: {} refused: {why}", req.cmd.name()),
                     }
                     let _ = req.reply.send(answer);
+                    self.publish();
                 }
                 ev = ev_rx.recv() => match ev {
                     Some(ev) => self.on_event(ev),
                     None => break,
                 },
                 _ = tokio::time::sleep_until(wake.unwrap_or(far)) => {
+                    // Frames already queued count before the deadline (heartbeats).
+                    for _ in 0..EVENT_QUEUE {
+                        match ev_rx.try_recv() {
+                            Ok(ev) => self.on_event(ev),
+                            Err(_) => break,
+                        }
+                    }
                     if let Some(sh) = self.shell.as_mut() {
                         sh.feed(Input::Timeout);
                     }
@@ -171,13 +179,14 @@ impl Session {
                     if let Some(csv) = self.shell.as_mut().and_then(|s| s.tfs_csv.as_mut()) {
                         let _ = csv.flush();
                     }
+                    self.publish();
                 }
                 _ = sigint.recv() => self.on_signal(),
                 _ = sigterm.recv() => self.on_signal(),
             }
             self.after_step();
-            self.publish();
         }
+        self.publish();
         Ok(())
     }
 
@@ -217,10 +226,11 @@ impl Session {
             Command::Pause | Command::Resume | Command::Stop => {
                 let sh = self.shell.as_mut().expect("a running session has a run");
                 let done = sh.command(cmd)?;
-                // After STOP the state stays RUNNING until the run's results are written.
-                if cmd != Command::Stop {
-                    self.state = to;
-                }
+                // After STOP the state is RUNNING (draining) until the results are written.
+                self.state = match cmd {
+                    Command::Stop => RunState::Running,
+                    _ => to,
+                };
                 Ok(done)
             }
             Command::Exit => {
@@ -237,6 +247,9 @@ impl Session {
     /// are stopped and join the new one).
     fn configure(&mut self, cfg: Checked, run: Option<u64>) -> Result<String, String> {
         if let Some(n) = run {
+            if n >= u64::MAX / 2 {
+                return Err(format!("configure: run number {n} is too large"));
+            }
             if n < self.next_run {
                 return Err(format!(
                     "configure: run number {n} was used already (the next is {})",
@@ -357,6 +370,10 @@ impl Session {
         }
         if self.exit_after_run {
             self.state = RunState::Exit;
+            // Nodes waiting for the next run are told the session is over.
+            for ev in std::mem::take(&mut self.held) {
+                self.on_register(ev);
+            }
             return;
         }
         self.state = RunState::Configured;
@@ -382,7 +399,14 @@ impl Session {
                     s.issued, s.completed, s.incomplete, s.dropped, s.invariant_ok
                 ));
             }
-            Err(e) => tracing::error!("ICN: run {n}: {e:#}"),
+            Err(e) => {
+                tracing::error!("ICN: run {n}: {e:#}");
+                self.last_run = Some(json!({
+                    "run_number": n,
+                    "dir": dir.display().to_string(),
+                    "error": format!("{e:#}"),
+                }));
+            }
         }
         if let Err(e) = (self.opts.after_run)(&dir) {
             tracing::warn!("ICN: run {n}: {e:#}");

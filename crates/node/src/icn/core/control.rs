@@ -112,6 +112,10 @@ impl IcnCore {
         if let (Phase::Running, Some(d)) = (self.phase, self.phase_deadline.as_mut()) {
             *d += pause;
         }
+        // Nor does a pause count as waiting for a missing node.
+        if let Some(t) = self.paused_since.as_mut() {
+            *t += pause;
+        }
         let line = format!(
             "t={:.3}s resumed after {:.3} s",
             self.now_us() as f64 / 1e6,
@@ -131,8 +135,15 @@ impl IcnCore {
         ) {
             return Err(format!("run {} has not started", self.cfg.run_id));
         }
-        if self.paused_at.is_some() {
-            self.resume()?;
+        // A pause that ends in STOP came after the last TF issued: it is not part of
+        // the run's duration.
+        if let Some(at) = self.paused_at.take() {
+            let line = format!(
+                "t={:.3}s stopped after {:.3} s paused",
+                self.now_us() as f64 / 1e6,
+                self.now.saturating_sub(at).as_secs_f64()
+            );
+            self.note(line);
         }
         self.on_interrupt();
         Ok(format!(

@@ -352,10 +352,10 @@ impl IcnCore {
         let lease = self
             .leases_active()
             .then_some(self.last_lease_check + LEASE_CHECK);
-        [issue, self.phase_deadline, lease]
-            .into_iter()
-            .flatten()
-            .min()
+        // A paused run's length waits for it (its deadline moves on resume).
+        let paused_run = self.phase == Phase::Running && self.paused_at.is_some();
+        let deadline = self.phase_deadline.filter(|_| !paused_run);
+        [issue, deadline, lease].into_iter().flatten().min()
     }
 
     pub fn phase(&self) -> Phase {

@@ -89,6 +89,9 @@ impl IcnCore {
         let Some(deadline) = self.phase_deadline else {
             return;
         };
+        if self.phase == Phase::Running && self.paused_at.is_some() {
+            return; // a paused run's length waits for it
+        }
         if self.now < deadline {
             return;
         }

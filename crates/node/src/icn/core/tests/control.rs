@@ -107,8 +107,45 @@ fn stop_drains_then_stops_and_the_summary_has_no_planned_length() {
         "a stopped held run is valid: {:?}",
         s.invalid_reason
     );
-    assert!((s.paused_s - 0.1).abs() < 1e-9);
+    // The pause that ended in STOP came after the last issue: not part of the run.
+    assert_eq!(s.paused_s, 0.0);
+    assert!((s.duration_s - 0.005).abs() < 1e-9, "{}", s.duration_s);
     assert!(s.interrupted);
+}
+
+#[test]
+fn a_pause_does_not_end_an_unthrottled_run_of_a_set_length() {
+    let mut h = H::held(config(1, 2, |c| {
+        c.rate_hz = 0.0;
+        c.tfs = None;
+        c.duration_s = Some(1.0);
+    }));
+    for e in 0..2 {
+        h.register(epn_conn(e), Role::Epn, Some(e));
+    }
+    h.register(flp_conn(0), Role::Flp, Some(0));
+    for e in 0..2 {
+        h.msg(epn_conn(e), ready(Role::Epn, e, 0));
+    }
+    h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
+    command(&mut h, Command::Start).unwrap();
+    h.now = std::time::Duration::from_millis(500);
+    command(&mut h, Command::Pause).unwrap();
+    h.at(5_000); // far past the 1 s length
+    assert_eq!(h.core.phase(), Phase::Running, "the pause ended the run");
+    command(&mut h, Command::Resume).unwrap();
+    h.at(5_400);
+    assert_eq!(
+        h.core.phase(),
+        Phase::Running,
+        "the pause counted as run time"
+    );
+    h.at(5_600);
+    assert_ne!(
+        h.core.phase(),
+        Phase::Running,
+        "1 s of running time is over"
+    );
 }
 
 #[test]
