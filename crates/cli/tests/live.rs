@@ -10,22 +10,25 @@ use common::*;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
+/// Chromium without a display, sandbox, GPU or /dev/shm (as root in a container).
+const HEADLESS: [&str; 4] = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+];
+
 /// The page's DOM after its scripts ran (Chromium's virtual time: 2 s).
 fn dom(url: &str) -> String {
     assert!(
         std::path::Path::new(CHROMIUM).exists(),
         "{CHROMIUM} is missing: run scripts/test, which installs Debian's chromium"
     );
-    run_ok(
-        Command::new(CHROMIUM)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-            ])
-            .args(["--virtual-time-budget=2000", "--dump-dom", url]),
-    )
+    run_ok(Command::new(CHROMIUM).args(HEADLESS).args([
+        "--virtual-time-budget=2000",
+        "--dump-dom",
+        url,
+    ]))
 }
 
 /// The number in the row `<td>name</td><td>N</td>` of the page.
@@ -99,12 +102,7 @@ impl Browser {
         let chromium = Proc::spawn(
             "chromium",
             Command::new(CHROMIUM)
-                .args([
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-dev-shm-usage",
-                ])
+                .args(HEADLESS)
                 .arg(format!("--remote-debugging-port={port}"))
                 .arg(format!("--user-data-dir={}", profile.display()))
                 .args(["--window-size=1100,900", url])

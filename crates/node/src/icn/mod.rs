@@ -308,6 +308,13 @@ struct Shell {
     status: Arc<std::sync::Mutex<String>>,
 }
 
+/// The events already queued (at most a queue's worth): frames that came before a
+/// deadline count before it, so a busy ICN does not end the lease of a node whose
+/// heartbeat waits in its queue.
+fn queued(ev_rx: &mut mpsc::Receiver<Event>) -> impl Iterator<Item = Event> + '_ {
+    std::iter::from_fn(|| ev_rx.try_recv().ok()).take(EVENT_QUEUE)
+}
+
 /// The ICN's live page: it polls `/status` and `/metrics` every second.
 const LIVE_PAGE: &str = include_str!("live/page.html");
 
@@ -387,13 +394,8 @@ impl Shell {
                     None => break,
                 },
                 _ = tokio::time::sleep_until(wake.unwrap_or(far)) => {
-                    // Frames already queued count before the deadline: a busy ICN must
-                    // not end the lease of a node whose heartbeat waits in its queue.
-                    for _ in 0..EVENT_QUEUE {
-                        match ev_rx.try_recv() {
-                            Ok(ev) => self.on_event(ev),
-                            Err(_) => break,
-                        }
+                    for ev in queued(&mut ev_rx) {
+                        self.on_event(ev);
                     }
                     self.feed(Input::Timeout)
                 }

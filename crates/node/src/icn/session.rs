@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::core::{CoreConfig, IcnCore, Input, Phase};
 use super::summary::{write_atomic, TfCsv};
-use super::{acceptor, say, serve_live, stopwatch_ns, Event, Shell, EVENT_QUEUE};
+use super::{acceptor, queued, say, serve_live, stopwatch_ns, Event, Shell, EVENT_QUEUE};
 use crate::auth::Secret;
 use crate::config::Checked;
 use crate::join::AbortOnDrop;
@@ -164,12 +164,8 @@ impl Session {
                     None => break,
                 },
                 _ = tokio::time::sleep_until(wake.unwrap_or(far)) => {
-                    // Frames already queued count before the deadline (heartbeats).
-                    for _ in 0..EVENT_QUEUE {
-                        match ev_rx.try_recv() {
-                            Ok(ev) => self.on_event(ev),
-                            Err(_) => break,
-                        }
+                    for ev in queued(ev_rx) {
+                        self.on_event(ev);
                     }
                     if let Some(sh) = self.shell.as_mut() {
                         sh.feed(Input::Timeout);
