@@ -287,17 +287,10 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
 /// A long-lived ICN's options: configured from the start with --config, else IDLE.
 fn session_options(a: &IcnArgs) -> anyhow::Result<icn::SessionOptions> {
     let config = match &a.config {
-        Some(_) => Some(session_config(icn_config(a)?)?),
+        Some(_) => Some(session_run(icn_run_config(a)?)?),
         None => None,
     };
-    let parse = |text: &str| {
-        let cfg = experiment::parse_run_config(text, "the configuration")?;
-        anyhow::ensure!(
-            cfg.registry == Registry::Embedded,
-            "registry: run control (fanin icn --session) does not use a registry"
-        );
-        cfg.check()
-    };
+    let parse = |text: &str| session_run(experiment::parse_run_config(text, "the configuration")?);
     Ok(icn::SessionOptions {
         control_bind: a.control,
         metrics_bind: a.metrics.expect("clap requires --metrics with --session"),
@@ -313,24 +306,29 @@ fn session_options(a: &IcnArgs) -> anyhow::Result<icn::SessionOptions> {
     })
 }
 
-/// Run control keeps no registry (yet): a configuration that asks for one is refused.
-fn session_config(
-    (run, registry): (fanin_node::config::Checked, Option<RegistryOpts>),
-) -> anyhow::Result<fanin_node::config::Checked> {
+/// A run of a session, checked; run control keeps no registry (yet): a configuration
+/// that asks for one is refused.
+fn session_run(cfg: RunConfig) -> anyhow::Result<fanin_node::config::Checked> {
     anyhow::ensure!(
-        registry.is_none(),
+        cfg.registry == Registry::Embedded,
         "registry: run control (fanin icn --session) does not use a registry"
     );
-    Ok(run)
+    cfg.check()
 }
 
-/// The ICN's checked run configuration (file, then flags) and its registry.
-fn icn_config(a: &IcnArgs) -> anyhow::Result<(fanin_node::config::Checked, Option<RegistryOpts>)> {
+/// The ICN's run configuration: the file, then the flags.
+fn icn_run_config(a: &IcnArgs) -> anyhow::Result<RunConfig> {
     let mut cfg = match &a.config {
         Some(p) => experiment::load_run_config(p)?,
         None => RunConfig::default(),
     };
     a.overrides.apply(&mut cfg)?;
+    Ok(cfg)
+}
+
+/// The ICN's checked run configuration (file, then flags) and its registry.
+fn icn_config(a: &IcnArgs) -> anyhow::Result<(fanin_node::config::Checked, Option<RegistryOpts>)> {
+    let cfg = icn_run_config(a)?;
     let run = cfg.check()?;
     let registry = match &cfg.registry {
         Registry::Url(u) => Some(RegistryOpts::parse(

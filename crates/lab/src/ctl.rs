@@ -1,8 +1,7 @@
 //! `fanin ctl`: run control of a long-lived ICN (`fanin icn --session`) over its HTTP API:
 //! configure, start, pause, resume, stop, status, exit; one line each, or `--json`.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -166,37 +165,18 @@ impl Api {
         }
     }
 
-    /// One HTTP/1.1 request: (status code, JSON body).
+    /// One request: (status code, JSON body).
     fn call(&self, method: &str, path: &str, body: &[u8]) -> anyhow::Result<(u16, Value)> {
-        let icn = self.icn;
-        let t = Duration::from_secs(10);
-        let mut s = TcpStream::connect_timeout(&icn, t).with_context(|| format!("ICN at {icn}"))?;
-        s.set_read_timeout(Some(t))?;
-        let auth = self
-            .token
-            .as_deref()
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {icn}\r\n{auth}Content-Length: {}\r\n\r\n",
-            body.len()
-        );
-        s.write_all(head.as_bytes())
-            .and_then(|()| s.write_all(body))
-            .with_context(|| format!("ICN at {icn}"))?;
-        let mut reply = String::new();
-        s.read_to_string(&mut reply)
-            .with_context(|| format!("ICN at {icn}: no reply"))?;
-        let (head, text) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-        let code = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .with_context(|| format!("ICN at {icn}: not an HTTP reply"))?;
-        let v = serde_json::from_str(text).with_context(|| {
-            format!("ICN at {icn}: {path} answered HTTP {code}: {}", text.trim())
+        let token = self.token.as_deref();
+        let a = crate::http::request("ICN", self.icn, (method, path), token, body)?;
+        let v = serde_json::from_str(&a.body).with_context(|| {
+            let text = a.body.trim();
+            format!(
+                "ICN at {}: {path} answered HTTP {}: {text}",
+                self.icn, a.code
+            )
         })?;
-        Ok((code, v))
+        Ok((a.code, v))
     }
 }
 

@@ -10,6 +10,7 @@ pub mod ctl;
 pub mod epn_plan;
 pub mod experiment;
 pub mod faults;
+pub mod http;
 pub mod orchestrate;
 pub mod overrides;
 pub mod plot;

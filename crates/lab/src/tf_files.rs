@@ -1,10 +1,9 @@
 //! Built-TF files read back (`fanin inspect`) and the burst saver's trigger
 //! (`fanin trigger`): the user's side of the EPN sinks of docs/sinks.md.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
+use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Context;
 use fanin_proto::tf_record::{decode_file_header, RecordError, RecordReader, FILE_HEADER_LEN};
@@ -86,21 +85,8 @@ pub fn inspect(path: &Path) -> anyhow::Result<Inspection> {
 
 /// Asks the EPN whose metrics port is `epn` to save its burst ring: its reply.
 pub fn trigger(epn: SocketAddr) -> anyhow::Result<String> {
-    let t = Duration::from_secs(5);
-    let mut s = TcpStream::connect_timeout(&epn, t).with_context(|| format!("EPN at {epn}"))?;
-    s.set_read_timeout(Some(t))?;
-    let req = format!("POST /trigger HTTP/1.1\r\nHost: {epn}\r\nContent-Length: 0\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .with_context(|| format!("EPN at {epn}"))?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply)
-        .with_context(|| format!("EPN at {epn}: no reply"))?;
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let status = head.lines().next().unwrap_or_default();
-    anyhow::ensure!(
-        status.contains(" 200 "),
-        "EPN at {epn}: {status}: {}",
-        body.trim()
-    );
-    Ok(body.trim().to_string())
+    let a = crate::http::request("EPN", epn, ("POST", "/trigger"), None, &[])?;
+    let body = a.body.trim();
+    anyhow::ensure!(a.code == 200, "EPN at {epn}: HTTP {}: {body}", a.code);
+    Ok(body.to_string())
 }

@@ -427,23 +427,19 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
         return Reply::ok(TEXT, m.render());
     }
     // The handler runs without the lock: a run-control command may wait for the ICN.
-    let (route, served) = {
-        let routes = m.routes.lock().unwrap();
-        let route = routes
-            .iter()
-            .find(|(me, p, _)| (*me, *p) == (req.method.as_str(), path))
-            .map(|(_, _, f)| f.clone());
-        let served: Vec<String> = routes
-            .iter()
-            .map(|(me, p, _)| format!("{me} {p}"))
-            .collect();
-        (route, served)
-    };
+    let route = m
+        .routes
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(me, p, _)| (*me, *p) == (req.method.as_str(), path))
+        .map(|(_, _, f)| f.clone());
     match route {
         Some(f) => f(req),
         None => {
             let mut here = vec!["GET /metrics".to_string()];
-            here.extend(served);
+            let routes = m.routes.lock().unwrap();
+            here.extend(routes.iter().map(|(me, p, _)| format!("{me} {p}")));
             Reply {
                 status: "404 Not Found",
                 kind: TEXT,

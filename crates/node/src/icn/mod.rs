@@ -456,30 +456,26 @@ impl Shell {
         self.conns.clear();
     }
 
-    /// Carries out the core's pending actions (failed sends are fed back).
-    fn carry_out(&mut self) {
-        let mut failed = VecDeque::new();
-        while let Some(action) = self.core.poll_action() {
-            if let Some(f) = self.act(action) {
-                failed.push_back(f);
-            }
-        }
-        for f in failed {
-            self.feed(f);
-        }
+    /// Feeds one input, then carries out every action.
+    fn feed(&mut self, input: Input) {
+        self.core.handle(self.now(), input);
+        self.carry_out();
     }
 
-    /// Feeds one input, then carries out every action; failed sends come back as inputs.
-    fn feed(&mut self, input: Input) {
-        let mut next = Some(input);
+    /// Carries out the core's pending actions; a failed send comes back as an input,
+    /// whose actions are carried out in turn.
+    fn carry_out(&mut self) {
         let mut failed = VecDeque::new(); // allocates only when a send fails
-        while let Some(input) = next.take().or_else(|| failed.pop_front()) {
-            self.core.handle(self.now(), input);
+        loop {
             while let Some(action) = self.core.poll_action() {
                 if let Some(f) = self.act(action) {
                     failed.push_back(f);
                 }
             }
+            let Some(f) = failed.pop_front() else {
+                return;
+            };
+            self.core.handle(self.now(), f);
         }
     }
 

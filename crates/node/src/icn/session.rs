@@ -297,9 +297,8 @@ impl Session {
     fn on_event(&mut self, ev: Event) {
         match ev {
             Event::Registered { .. } => self.on_register(ev),
-            Event::Closed { conn, .. } if self.held_conn(conn) => {
-                self.held
-                    .retain(|e| !matches!(e, Event::Registered { conn: c, .. } if *c == conn));
+            Event::Closed { conn, .. } if self.held_at(conn).is_some() => {
+                self.held.remove(self.held_at(conn).expect("checked"));
             }
             ev => {
                 if let Some(sh) = self.shell.as_mut() {
@@ -309,10 +308,11 @@ impl Session {
         }
     }
 
-    fn held_conn(&self, conn: super::ConnId) -> bool {
+    /// Where a held registration of `conn` is, if one is.
+    fn held_at(&self, conn: super::ConnId) -> Option<usize> {
         self.held
             .iter()
-            .any(|e| matches!(e, Event::Registered { conn: c, .. } if *c == conn))
+            .position(|e| matches!(e, Event::Registered { conn: c, .. } if *c == conn))
     }
 
     /// A node registers: into the run being configured or run; held while a run ends;

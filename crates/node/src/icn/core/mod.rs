@@ -225,9 +225,6 @@ pub struct IcnCore {
     /// Run control: paused since, and the pauses before (issuing stops meanwhile).
     pub(crate) paused_at: Option<Now>,
     pub(crate) paused_total: Duration,
-    /// The process's TF counters when this run's core was made (the live status shows
-    /// this run's ends by reason; the metrics keep counting over a session's runs).
-    pub(crate) metrics_base: BTreeMap<String, u64>,
     outbox: VecDeque<Action>,
 }
 
@@ -235,7 +232,9 @@ impl IcnCore {
     /// A new ICN at time `now`, waiting for registrations until the pre-run time-out.
     pub fn new(cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
         let prerun_timeout = Duration::from_secs_f64(cfg.run.cfg.prerun_timeout_s);
-        let metrics_base = metrics.snapshot().into_iter().collect();
+        // The live status shows this run's ends by reason; the Prometheus counters go
+        // on over a session's runs.
+        metrics.new_run();
         let phase_deadline = (!cfg.hold_start).then_some(now + prerun_timeout);
         let window = window::Window::new(&cfg.run);
         IcnCore {
@@ -274,7 +273,6 @@ impl IcnCore {
             recent_members: VecDeque::new(),
             paused_at: None,
             paused_total: Duration::ZERO,
-            metrics_base,
             outbox: VecDeque::new(),
         }
     }

@@ -21,16 +21,12 @@ impl IcnCore {
             Phase::Stopping => "stopping",
             Phase::Done => "done",
         };
-        let base = |k: &str| self.metrics_base.get(k).copied().unwrap_or(0);
         let ended: serde_json::Map<String, Value> = self
             .metrics
-            .snapshot()
+            .run_snapshot()
             .into_iter()
-            .filter_map(|(k, v)| {
-                let n = v.saturating_sub(base(&k));
-                Some((k.strip_prefix("tfs.")?.to_string(), json!(n)))
-            })
-            .filter(|(_, n)| n.as_u64() != Some(0))
+            .filter(|(_, n)| *n > 0)
+            .filter_map(|(k, n)| Some((k.strip_prefix("tfs.")?.to_string(), json!(n))))
             .collect();
         let epns: Vec<Value> = self
             .epns
