@@ -93,26 +93,7 @@ async fn run_once(
 ) -> Result<(), NodeError> {
     let metrics = metrics.clone();
     let listener = bind_data(opts.data_bind, rejoining).await?;
-    let local = listener.local_addr()?;
-    let spec = JoinSpec {
-        role: Role::Epn,
-        icn: opts.icn,
-        registry: reg,
-        control_bind: opts.control_bind,
-        connect_timeout: opts.connect_timeout,
-        secret: &opts.secret,
-        session: opts.session,
-    };
-    let (icn, joined) = join_run(&spec, id, |ctl| {
-        Ok(match opts.advertise {
-            Some(a) => a,
-            None if !local.ip().is_unspecified() => local,
-            // Bound to all interfaces: announce the address we reach the ICN from.
-            None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
-        }
-        .to_string())
-    })
-    .await?;
+    let (icn, joined) = join_epn(opts, id, reg, listener.local_addr()?).await?;
     let me = joined.me;
 
     let ctl_tx = joined.ctl.clone();
@@ -166,6 +147,34 @@ async fn run_once(
         Ended::SinkFailed(e) => Err(NodeError::Fatal(e)),
         Ended::LostIcn(e) => Err(lost_icn(Role::Epn, me, icn, e, &metrics)),
     }
+}
+
+/// Joins the run, announcing the data address FLPs reach `local` by.
+async fn join_epn(
+    opts: &EpnOptions,
+    id: &std::cell::Cell<Option<u32>>,
+    registry: Option<&ZkRegistry>,
+    local: SocketAddr,
+) -> Result<(SocketAddr, crate::join::Joined), NodeError> {
+    let spec = JoinSpec {
+        role: Role::Epn,
+        icn: opts.icn,
+        registry,
+        control_bind: opts.control_bind,
+        connect_timeout: opts.connect_timeout,
+        secret: &opts.secret,
+        session: opts.session,
+    };
+    join_run(&spec, id, |ctl| {
+        Ok(match opts.advertise {
+            Some(a) => a,
+            None if !local.ip().is_unspecified() => local,
+            // Bound to all interfaces: announce the address we reach the ICN from.
+            None => SocketAddr::new(ctl.local_addr()?.ip(), local.port()),
+        }
+        .to_string())
+    })
+    .await
 }
 
 /// The builder of one run, with its sinks when it has any.

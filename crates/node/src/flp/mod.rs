@@ -46,6 +46,20 @@ pub struct FlpOptions {
     pub session: bool,
 }
 
+impl FlpOptions {
+    fn join_spec<'a>(&'a self, registry: Option<&'a ZkRegistry>) -> JoinSpec<'a> {
+        JoinSpec {
+            role: Role::Flp,
+            icn: self.icn,
+            registry,
+            control_bind: self.control_bind,
+            connect_timeout: self.connect_timeout,
+            secret: &self.secret,
+            session: self.session,
+        }
+    }
+}
+
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id.
 pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
@@ -73,16 +87,7 @@ async fn run_once(
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
 ) -> Result<(), NodeError> {
-    let spec = JoinSpec {
-        role: Role::Flp,
-        icn: opts.icn,
-        registry: reg,
-        control_bind: opts.control_bind,
-        connect_timeout: opts.connect_timeout,
-        secret: &opts.secret,
-        session: opts.session,
-    };
-    let (icn, mut joined) = join_run(&spec, id, |_| Ok(String::new())).await?;
+    let (icn, mut joined) = join_run(&opts.join_spec(reg), id, |_| Ok(String::new())).await?;
     let me = joined.me;
     let Some((prep, list)) = prerun(&mut joined, me, icn, metrics).await? else {
         // Run control ended this run before it started: the next one, or exit.
