@@ -64,6 +64,41 @@ pub struct RunConfig {
     /// A run that loses more than this percentage of its TFs is not `valid` (experiments
     /// that measure loss, like the TDR's, set 100).
     pub max_loss_pct: f64,
+    /// `timer`: the ICN issues TF ids at `rate_hz`; `on-data`: the FLPs' sources make
+    /// the STFs and announce them, and the ICN schedules each TF once all are announced.
+    pub schedule: ScheduleKind,
+    /// On-data: a TF some FLP has not announced this long after the first announcement
+    /// is stale ...
+    pub stf_stale_ms: u64,
+    /// ... and is built incomplete from the STFs that exist, or dropped (`stf_stale`).
+    pub on_stale: OnStale,
+}
+
+/// `schedule` in a configuration (the wire's `Schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ScheduleKind {
+    #[default]
+    Timer,
+    OnData,
+}
+
+impl ScheduleKind {
+    pub fn wire(self) -> fanin_proto::Schedule {
+        match self {
+            ScheduleKind::Timer => fanin_proto::Schedule::Timer,
+            ScheduleKind::OnData => fanin_proto::Schedule::OnData,
+        }
+    }
+}
+
+/// What the ICN does with a stale TF (on-data scheduling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnStale {
+    #[default]
+    Incomplete,
+    Drop,
 }
 
 impl Default for RunConfig {
@@ -92,6 +127,9 @@ impl Default for RunConfig {
             drain_timeout_ms: None,
             prerun_timeout_s: 60.0,
             max_loss_pct: 1.0,
+            schedule: ScheduleKind::Timer,
+            stf_stale_ms: 1000,
+            on_stale: OnStale::Incomplete,
         }
     }
 }
@@ -167,6 +205,7 @@ impl RunConfig {
         if !(0.0..=100.0).contains(&self.max_loss_pct) {
             return Err(field_err("max_loss_pct", "must be within [0, 100]"));
         }
+        in_range("stf_stale_ms", self.stf_stale_ms, 1, 3_600_000, "")?;
         let (total_tfs, configured_duration) = self.length()?;
         Ok(Checked {
             cfg: self.clone(),
@@ -402,8 +441,14 @@ impl Checked {
                 .unwrap_or(2 * self.cfg.build_timeout_ms + 2000),
         )
     }
+    /// The ICN issues TFs on its own clock at `rate_hz`.
     pub fn paced(&self) -> bool {
-        self.cfg.rate_hz > 0.0
+        self.cfg.rate_hz > 0.0 && !self.on_data()
+    }
+
+    /// The FLPs' data decide when a TF exists (`schedule = "on-data"`).
+    pub fn on_data(&self) -> bool {
+        self.cfg.schedule == ScheduleKind::OnData
     }
 }
 

@@ -6,7 +6,7 @@ use crate::error::DecodeError;
 /// "FNIN" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FNIN");
 /// The protocol version this build speaks. A peer with another version is refused.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Size of the encoded header in bytes.
 pub const HEADER_LEN: usize = 12;
 

@@ -11,7 +11,7 @@ pub use error::DecodeError;
 pub use frame::{FrameHeader, HEADER_LEN, MAGIC, VERSION};
 pub use message::{
     EpnEntry, Message, MsgType, NodeStats, Nonce, Prepare, Proof, Reason, Register, RejectCode,
-    Role, RunState, SizeWire, StfHeader, TfReport, TfStatus, STF_HEADER_LEN,
+    Role, RunState, Schedule, SizeWire, StfHeader, StfInfo, TfReport, TfStatus, STF_HEADER_LEN,
 };
 
 /// Body limit for control connections (ICN <-> FLP/EPN). An EpnList of 2000 EPNs

@@ -104,6 +104,7 @@ reasons! {
     SinkFailed = 17 => "sink_failed",
     SinkRefused = 18 => "sink_refused",
     OrderGivenUp = 19 => "order_given_up",
+    StfStale = 20 => "stf_stale",
 }
 
 /// STF size distribution as sent on the wire; `fanin_sched::workload` interprets it.
@@ -235,6 +236,48 @@ pub struct Prepare {
     pub seed: u64,
     /// FLPs keep each STF until the ICN releases its TF, to re-send it if its EPN dies.
     pub retain: bool,
+    /// Timer: the ICN issues TF ids; on-data: FLPs announce the STFs their sources made.
+    pub schedule: Schedule,
+    /// On-data, synthetic source: the detector clock's TF rate in mHz (0: as fast as the
+    /// send buffer allows) ...
+    pub rate_mhz: u64,
+    /// ... and how many TFs it makes (0: until the run stops).
+    pub tfs: u64,
+}
+
+/// Who decides when a TF exists: the ICN's clock, or the data (FLPs' announcements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Schedule {
+    #[default]
+    Timer = 0,
+    OnData = 1,
+}
+
+impl Schedule {
+    pub fn from_u8(v: u8) -> Result<Schedule, DecodeError> {
+        match v {
+            0 => Ok(Schedule::Timer),
+            1 => Ok(Schedule::OnData),
+            _ => Err(DecodeError::InvalidValue {
+                field: "prepare.schedule",
+                value: v as u64,
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Schedule::Timer => "timer",
+            Schedule::OnData => "on-data",
+        }
+    }
+}
+
+/// One STF an FLP's source produced: its TF and its payload size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StfInfo {
+    pub tf_id: u64,
+    pub size: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -360,6 +403,8 @@ pub enum MsgType {
     EpnReachable = 19,
     Challenge = 20,
     RunState = 21,
+    StfAnnounce = 22,
+    SourceEnded = 23,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -440,6 +485,13 @@ pub enum Message {
         state: RunState,
         run_number: u64,
     },
+    /// FLP -> ICN (on-data scheduling): STFs its source produced, oldest first.
+    StfAnnounce(Vec<StfInfo>),
+    /// FLP -> ICN: its source ended (`ok`) or failed; `detail` is the one-line reason.
+    SourceEnded {
+        ok: bool,
+        detail: String,
+    },
 }
 
 impl Message {
@@ -466,6 +518,8 @@ impl Message {
             Message::LoadReport { .. } => MsgType::LoadReport,
             Message::EpnReachable { .. } => MsgType::EpnReachable,
             Message::RunState { .. } => MsgType::RunState,
+            Message::StfAnnounce(_) => MsgType::StfAnnounce,
+            Message::SourceEnded { .. } => MsgType::SourceEnded,
         }
     }
 
@@ -500,6 +554,9 @@ impl Message {
                 w.u64(p.size.c);
                 w.u64(p.seed);
                 w.u8(u8::from(p.retain));
+                w.u8(p.schedule as u8);
+                w.u64(p.rate_mhz);
+                w.u64(p.tfs);
             }
             Message::EpnList(list) => {
                 w.u32(list.len() as u32);
@@ -584,6 +641,17 @@ impl Message {
                 w.u8(*state as u8);
                 w.u64(*run_number);
             }
+            Message::StfAnnounce(list) => {
+                w.u32(list.len() as u32);
+                for s in list {
+                    w.u64(s.tf_id);
+                    w.u64(s.size);
+                }
+            }
+            Message::SourceEnded { ok, detail } => {
+                w.u8(u8::from(*ok));
+                w.string(detail);
+            }
         }
         let body_len = (w.buf.len() - HEADER_LEN) as u32;
         let header = FrameHeader {
@@ -639,16 +707,7 @@ impl Message {
                 let run_id = r.u64("prepare.run_id")?;
                 let flps = r.u32("prepare.flps")?;
                 let build_timeout_ms = r.u32("prepare.build_timeout_ms")?;
-                let crc = match r.u8("prepare.crc")? {
-                    0 => false,
-                    1 => true,
-                    v => {
-                        return Err(DecodeError::InvalidValue {
-                            field: "prepare.crc",
-                            value: v as u64,
-                        })
-                    }
-                };
+                let crc = r.flag("prepare.crc")?;
                 let size = SizeWire {
                     kind: r.u8("prepare.size.kind")?,
                     a: r.u64("prepare.size.a")?,
@@ -656,16 +715,7 @@ impl Message {
                     c: r.u64("prepare.size.c")?,
                 };
                 let seed = r.u64("prepare.seed")?;
-                let retain = match r.u8("prepare.retain")? {
-                    0 => false,
-                    1 => true,
-                    v => {
-                        return Err(DecodeError::InvalidValue {
-                            field: "prepare.retain",
-                            value: v as u64,
-                        })
-                    }
-                };
+                let retain = r.flag("prepare.retain")?;
                 Message::Prepare(Prepare {
                     run_id,
                     flps,
@@ -674,6 +724,9 @@ impl Message {
                     size,
                     seed,
                     retain,
+                    schedule: Schedule::from_u8(r.u8("prepare.schedule")?)?,
+                    rate_mhz: r.u64("prepare.rate_mhz")?,
+                    tfs: r.u64("prepare.tfs")?,
                 })
             }
             5 => {
@@ -773,16 +826,7 @@ impl Message {
             },
             19 => Message::EpnReachable {
                 epn_id: r.u32("epn_reachable.epn_id")?,
-                ok: match r.u8("epn_reachable.ok")? {
-                    0 => false,
-                    1 => true,
-                    v => {
-                        return Err(DecodeError::InvalidValue {
-                            field: "epn_reachable.ok",
-                            value: v as u64,
-                        })
-                    }
-                },
+                ok: r.flag("epn_reachable.ok")?,
             },
             20 => Message::Challenge {
                 nonce: r.array("challenge.nonce")?,
@@ -790,6 +834,21 @@ impl Message {
             21 => Message::RunState {
                 state: RunState::from_u8(r.u8("run_state.state")?)?,
                 run_number: r.u64("run_state.run_number")?,
+            },
+            22 => {
+                let n = r.count("stf_announce.count", 16)?;
+                let mut list = Vec::with_capacity(n);
+                for _ in 0..n {
+                    list.push(StfInfo {
+                        tf_id: r.u64("stf_announce.tf_id")?,
+                        size: r.u64("stf_announce.size")?,
+                    });
+                }
+                Message::StfAnnounce(list)
+            }
+            23 => Message::SourceEnded {
+                ok: r.flag("source_ended.ok")?,
+                detail: r.string("source_ended.detail")?,
             },
             t => return Err(DecodeError::UnknownType(t)),
         };

@@ -48,6 +48,9 @@ fn samples() -> Vec<Message> {
             },
             seed: 42,
             retain: true,
+            schedule: fanin_proto::Schedule::OnData,
+            rate_mhz: 1_000_000,
+            tfs: 5000,
         }),
         Message::EpnList(vec![
             EpnEntry {
@@ -123,6 +126,17 @@ fn samples() -> Vec<Message> {
         Message::RunState {
             state: fanin_proto::RunState::Paused,
             run_number: 42,
+        },
+        Message::StfAnnounce(vec![
+            fanin_proto::StfInfo {
+                tf_id: 7,
+                size: 1 << 20,
+            },
+            fanin_proto::StfInfo { tf_id: 8, size: 0 },
+        ]),
+        Message::SourceEnded {
+            ok: false,
+            detail: "FLP 1: source exec:x: STF frame 3: bad magic".into(),
         },
     ]
 }
@@ -209,7 +223,7 @@ proptest! {
     }
 
     #[test]
-    fn decoding_arbitrary_bodies_never_panics(t in 0u8..22, body in proptest::collection::vec(any::<u8>(), 0..128)) {
+    fn decoding_arbitrary_bodies_never_panics(t in 0u8..24, body in proptest::collection::vec(any::<u8>(), 0..128)) {
         let h = FrameHeader { msg_type: t, length: body.len() as u32 };
         let _ = Message::decode(h, &body);
     }

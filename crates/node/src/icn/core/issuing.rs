@@ -21,7 +21,9 @@ impl IcnCore {
         if matches!(self.phase, Phase::Running | Phase::Draining) {
             self.assign_waiting();
         }
-        if self.phase == Phase::Running && self.paused_at.is_none() {
+        if self.cfg.run.on_data() {
+            self.pump_on_data();
+        } else if self.phase == Phase::Running && self.paused_at.is_none() {
             let total = self.cfg.run.total_tfs;
             let mut budget = ISSUE_BATCH;
             self.more_due = false;
@@ -79,7 +81,13 @@ impl IcnCore {
             let row = self.ledger.issue_dropped(tf, Reason::FlpLost, now);
             return self.ended(&row);
         }
-        match self.placer.issue(tf, self.tf_bytes(tf)) {
+        self.place_issued(tf, self.tf_bytes(tf));
+    }
+
+    /// A new TF: to its EPN, waiting for one, or dropped by the policy.
+    pub(super) fn place_issued(&mut self, tf: TfId, bytes: u64) {
+        let now = self.now_us();
+        match self.placer.issue(tf, bytes) {
             Placed::Assigned(epn) => {
                 self.ledger.issue(tf, epn, now);
                 self.dispatch(tf, epn);
@@ -97,6 +105,9 @@ impl IcnCore {
     }
 
     fn tf_bytes(&self, tf: TfId) -> u64 {
+        if self.cfg.run.on_data() {
+            return self.ondata.sizes.get(&tf).copied().unwrap_or(0);
+        }
         let cfg = &self.cfg.run.cfg;
         self.cfg.run.stf_size.tf_bytes(cfg.seed, cfg.flps, tf)
     }
@@ -189,8 +200,10 @@ impl IcnCore {
                 .observe_latency(row.ended_us.saturating_sub(row.issued_us) as f64 / 1e6);
         }
         self.emit(Action::TfEnded(row.clone()));
-        // FLPs kept the STFs of this TF for a re-send: they may free them now.
-        if self.cfg.run.cfg.reassign && row.epn.is_some() {
+        // FLPs kept the STFs of this TF for a re-send (on-data: always, in their
+        // sources): they may free them now.
+        let kept = self.cfg.run.cfg.reassign && row.epn.is_some();
+        if self.ondata.sizes.remove(&row.tf_id).is_some() || kept || self.cfg.run.on_data() {
             self.send_to_flps(Message::Release { tf_id: row.tf_id });
         }
     }

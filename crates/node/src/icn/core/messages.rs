@@ -25,6 +25,10 @@ impl IcnCore {
                 self.on_reachable(conn, id, epn_id, ok)
             }
             Message::LoadReport { .. } if role == Role::Flp => {} // heartbeat
+            Message::StfAnnounce(list) if role == Role::Flp => self.on_announce(conn, id, list),
+            Message::SourceEnded { ok, detail } if role == Role::Flp => {
+                self.on_source_ended(id, ok, detail)
+            }
             Message::LoadReport {
                 free_bytes,
                 building,

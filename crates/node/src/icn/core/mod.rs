@@ -13,6 +13,7 @@ mod control;
 mod issuing;
 mod membership;
 mod messages;
+mod ondata;
 mod phases;
 mod status;
 #[cfg(test)]
@@ -225,6 +226,8 @@ pub struct IcnCore {
     /// Run control: paused since, and the pauses before (issuing stops meanwhile).
     pub(crate) paused_at: Option<Now>,
     pub(crate) paused_total: Duration,
+    /// On-data scheduling: the FLPs' announcements.
+    pub(crate) ondata: ondata::OnData,
     outbox: VecDeque<Action>,
 }
 
@@ -273,6 +276,7 @@ impl IcnCore {
             recent_members: VecDeque::new(),
             paused_at: None,
             paused_total: Duration::ZERO,
+            ondata: ondata::OnData::default(),
             outbox: VecDeque::new(),
         }
     }
@@ -342,6 +346,7 @@ impl IcnCore {
         let issue = match self.phase {
             Phase::Running if self.paused_at.is_some() => None,
             Phase::Running if self.more_due => Some(self.now),
+            Phase::Running if self.cfg.run.on_data() => self.stale_deadline(),
             Phase::Running if self.cfg.run.paced() => Some(self.deadline_of(self.next_tf)),
             // Unthrottled and waiting for a missing node: until the pre-run time-out.
             Phase::Running => self.paused_since.map(|t| t + prerun),
@@ -438,6 +443,10 @@ impl IcnCore {
             "tally and ledger disagree"
         );
         assert!(self.ledger.issued <= self.next_tf, "more TFs than ids");
+        assert!(
+            self.ondata.sizes.len() <= self.ledger.pending(),
+            "sizes kept for TFs that ended"
+        );
         for tf in self.placer.waiting() {
             if self.ledger.is_pending(tf) {
                 assert_eq!(self.ledger.assigned(tf), None, "waiting TF {tf} assigned");

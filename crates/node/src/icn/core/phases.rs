@@ -20,6 +20,9 @@ impl IcnCore {
             size: size_to_wire(run.stf_size),
             seed: run.cfg.seed,
             retain: run.cfg.reassign,
+            schedule: run.cfg.schedule.wire(),
+            rate_mhz: (run.cfg.rate_hz * 1000.0).round() as u64,
+            tfs: run.total_tfs.filter(|_| run.on_data()).unwrap_or(0),
         }
     }
 
@@ -59,7 +62,9 @@ impl IcnCore {
         }
         self.phase = Phase::Running;
         self.last_lease_check = now;
-        self.phase_deadline = if self.cfg.run.paced() {
+        // On-data with a TF count: the sources' clocks end the run, not the ICN's.
+        let counted = self.cfg.run.on_data() && self.cfg.run.total_tfs.is_some();
+        self.phase_deadline = if self.cfg.run.paced() || counted {
             None
         } else {
             self.cfg.run.configured_duration.map(|d| now + d)

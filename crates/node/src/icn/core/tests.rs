@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::registry::{Membership, Registered};
 
 mod control;
+mod ondata;
 
 const MS: Duration = Duration::from_millis(1);
 

@@ -1,0 +1,151 @@
+//! On-data scheduling in the ICN core: a TF scheduled when every FLP announced it, with
+//! its announced size; stale TFs built incomplete or dropped; late and repeated STFs.
+
+use fanin_proto::{Message, Reason, StfInfo, TfStatus};
+use fanin_sched::policy::{LeastLoadedConfig, WhenNoneReady};
+use fanin_sched::PolicyKind;
+
+use super::{assigns, ended, epn_conn, flp_conn, to, Action, Input, Phase, RunConfig, H};
+use crate::config::{OnStale, ScheduleKind};
+
+fn on_data(flps: u32, epns: u32, tweak: impl FnOnce(&mut RunConfig)) -> H {
+    H::running(flps, epns, |c| {
+        c.schedule = ScheduleKind::OnData;
+        c.tfs = Some(10);
+        c.stf_stale_ms = 100;
+        tweak(c);
+    })
+}
+
+fn announce(h: &mut H, flp: u32, tfs: &[(u64, u64)]) -> Vec<Action> {
+    let list = tfs
+        .iter()
+        .map(|&(tf_id, size)| StfInfo { tf_id, size })
+        .collect();
+    h.msg(flp_conn(flp), Message::StfAnnounce(list))
+}
+
+#[test]
+fn nothing_is_issued_before_the_data_and_a_tf_waits_for_every_flp() {
+    let mut h = on_data(2, 2, |_| {});
+    assert!(assigns(&h.at(50)).is_empty(), "no timer in on-data mode");
+    assert!(assigns(&announce(&mut h, 0, &[(5, 100)])).is_empty());
+    let a = announce(&mut h, 1, &[(5, 200)]);
+    assert_eq!(assigns(&a), [(5, 0)]);
+    assert!(
+        to(&a, flp_conn(0)).contains(&Message::Assign {
+            tf_id: 5,
+            epn_id: 0
+        }),
+        "the FLPs learn the EPN too"
+    );
+    assert_eq!(h.core.progress().0, 1);
+}
+
+#[test]
+fn least_loaded_sees_the_announced_size() {
+    let mut h = on_data(2, 2, |c| {
+        c.policy = PolicyKind::LeastLoaded;
+        c.least_loaded = LeastLoadedConfig {
+            when_none_ready: WhenNoneReady::Wait,
+            ..LeastLoadedConfig::default()
+        };
+    });
+    // EPN 0 has room for 1000 bytes x 1.2 headroom, EPN 1 for less.
+    let load = |free_bytes| Message::LoadReport {
+        free_bytes,
+        building: 0,
+    };
+    h.msg(epn_conn(0), load(1300));
+    h.msg(epn_conn(1), load(1100));
+    announce(&mut h, 0, &[(0, 500)]);
+    assert_eq!(assigns(&announce(&mut h, 1, &[(0, 500)])), [(0, 0)]);
+}
+
+#[test]
+fn a_stale_tf_is_built_incomplete_or_dropped_by_its_reason() {
+    let mut h = on_data(2, 1, |_| {});
+    announce(&mut h, 0, &[(0, 10)]);
+    assert!(assigns(&h.at(99)).is_empty());
+    assert_eq!(
+        assigns(&h.at(100)),
+        [(0, 0)],
+        "incomplete: built from what exists"
+    );
+
+    let mut h = on_data(2, 1, |c| c.on_stale = OnStale::Drop);
+    announce(&mut h, 0, &[(0, 10)]);
+    let a = h.at(100);
+    assert_eq!(ended(&a), [(0, TfStatus::Dropped, Reason::StfStale)]);
+    assert!(to(&a, flp_conn(0)).contains(&Message::Release { tf_id: 0 }));
+    assert_eq!(h.counter("tfs.dropped.stf_stale"), 1);
+}
+
+#[test]
+fn late_and_repeated_announcements_get_assign_or_release() {
+    let mut h = on_data(2, 1, |_| {});
+    announce(&mut h, 0, &[(0, 10), (1, 10)]);
+    announce(&mut h, 1, &[(0, 10), (1, 10)]);
+    // A restarted FLP 1 announces TF 0 again: it is open, so it goes to its EPN.
+    let again = announce(&mut h, 1, &[(0, 10)]);
+    assert_eq!(
+        to(&again, flp_conn(1)),
+        [Message::Assign {
+            tf_id: 0,
+            epn_id: 0
+        }]
+    );
+    h.complete(0, 0);
+    // Over now: freed at once.
+    let late = announce(&mut h, 1, &[(0, 10)]);
+    assert_eq!(to(&late, flp_conn(1)), [Message::Release { tf_id: 0 }]);
+    assert_eq!(h.counter("stfs.late"), 1);
+}
+
+#[test]
+fn every_ended_tf_is_released_to_the_flps_even_without_reassign() {
+    let mut h = on_data(1, 1, |c| c.reassign = false);
+    announce(&mut h, 0, &[(3, 10)]);
+    let a = h.complete(0, 3);
+    assert!(to(&a, flp_conn(0)).contains(&Message::Release { tf_id: 3 }));
+}
+
+#[test]
+fn the_run_drains_at_its_count_or_when_every_source_ended() {
+    let mut h = on_data(1, 1, |c| c.tfs = Some(3));
+    announce(&mut h, 0, &[(0, 1), (1, 1), (2, 1)]);
+    assert_eq!(h.core.phase(), Phase::Draining);
+    let late = announce(&mut h, 0, &[(3, 1)]);
+    assert_eq!(to(&late, flp_conn(0)), [Message::Release { tf_id: 3 }]);
+
+    let mut h = on_data(2, 1, |c| {
+        (c.tfs, c.duration_s, c.rate_hz) = (None, Some(3600.0), 0.0);
+    });
+    announce(&mut h, 0, &[(0, 1)]);
+    let ended = |ok| Message::SourceEnded {
+        ok,
+        detail: "end of stdout".into(),
+    };
+    h.msg(flp_conn(0), ended(true));
+    h.msg(flp_conn(1), ended(false));
+    assert_eq!(h.core.phase(), Phase::Running, "TF 0 still waits");
+    h.at(100);
+    assert_eq!(h.core.phase(), Phase::Draining);
+    h.complete(0, 0);
+    let s = h.finish();
+    assert_eq!((s.issued, s.completed), (1, 1));
+}
+
+#[test]
+fn a_dead_epns_tfs_move_with_their_announced_size() {
+    let mut h = on_data(1, 2, |_| {});
+    announce(&mut h, 0, &[(0, 4096)]);
+    let a = h.feed(Input::Closed {
+        conn: epn_conn(0),
+        err: None,
+    });
+    assert_eq!(assigns(&a), [(0, 1)]);
+    h.complete(1, 0);
+    let s = h.finish();
+    assert_eq!((s.issued, s.completed), (1, 1));
+}

@@ -1,0 +1,143 @@
+//! The FLP's side of the ring: attaches (taking over what a crashed FLP left READY),
+//! hands out READY slots in write order, lends their payload in place, frees them.
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::layout::{ring_path, Mapping, RingError, FREE, READY};
+
+/// One STF in the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub index: u64,
+    pub seq: u64,
+    pub tf_id: u64,
+    pub size: u64,
+}
+
+pub struct Reader {
+    ring: Arc<Mapping>,
+    /// READY slots found at attach, oldest first (announced again after a crash).
+    backlog: VecDeque<Slot>,
+    next_seq: u64,
+}
+
+impl Reader {
+    /// Attaches to the ring NAME a read-out created.
+    pub fn attach(name: &str) -> Result<Reader, RingError> {
+        let path = ring_path(name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|err| RingError::Io {
+                path: path.clone(),
+                err,
+            })?;
+        let ring = Arc::new(Mapping::map(&file, &path)?);
+        ring.reader_pid()
+            .store(std::process::id() as u64, Ordering::Release);
+        let mut backlog: Vec<Slot> = (0..ring.slots)
+            .filter(|&i| ring.state(i).load(Ordering::Acquire) == READY)
+            .map(|i| slot(&ring, i))
+            .collect();
+        backlog.sort_by_key(|s| s.seq);
+        let next_seq = match backlog.last() {
+            Some(s) => s.seq + 1,
+            None => ring.write_seq().load(Ordering::Acquire),
+        };
+        let r = Reader {
+            ring,
+            backlog: backlog.into(),
+            next_seq,
+        };
+        r.backlog.iter().try_for_each(|s| r.check(s))?;
+        Ok(r)
+    }
+
+    fn check(&self, s: &Slot) -> Result<(), RingError> {
+        if s.size > self.ring.slot_size {
+            return Err(RingError::Bad {
+                path: self.ring.path.clone(),
+                field: "size",
+                what: format!(
+                    "slot {}: {} is over the slot size {}",
+                    s.index, s.size, self.ring.slot_size
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The next STF, if the writer made one (None: not yet).
+    pub fn poll(&mut self) -> Result<Option<Slot>, RingError> {
+        if let Some(s) = self.backlog.pop_front() {
+            return Ok(Some(s));
+        }
+        let i = self.next_seq % self.ring.slots;
+        if self.ring.state(i).load(Ordering::Acquire) != READY {
+            return Ok(None);
+        }
+        let s = slot(&self.ring, i);
+        if s.seq != self.next_seq {
+            return Ok(None); // an older STF not freed yet: the writer waits for it
+        }
+        self.check(&s)?;
+        self.next_seq += 1;
+        Ok(Some(s))
+    }
+
+    /// The writer closed the ring and every STF it wrote was handed out.
+    pub fn ended(&self) -> bool {
+        self.backlog.is_empty()
+            && self.ring.closed().load(Ordering::Acquire) == 1
+            && self.ring.write_seq().load(Ordering::Acquire) <= self.next_seq
+    }
+
+    /// The payload of a slot handed out and not freed, in place.
+    pub fn payload(&self, s: &Slot) -> Payload {
+        Payload {
+            ring: self.ring.clone(),
+            index: s.index,
+            len: s.size as usize,
+        }
+    }
+
+    /// Gives a slot back to the writer.
+    pub fn free(&self, s: &Slot) {
+        debug_assert_eq!(self.ring.state(s.index).load(Ordering::Acquire), READY);
+        self.ring.state(s.index).store(FREE, Ordering::Release);
+    }
+
+    pub fn slot_size(&self) -> u64 {
+        self.ring.slot_size
+    }
+}
+
+/// A READY slot's payload, lent in place (the mapping lives as long as any lender).
+#[derive(Clone)]
+pub struct Payload {
+    ring: Arc<Mapping>,
+    index: u64,
+    len: usize,
+}
+
+impl Payload {
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the slot is READY until the reader frees it, so the writer does not
+        // touch it; callers free a slot only when no lender is in use (the FLP core
+        // frees after its sends finished).
+        unsafe { std::slice::from_raw_parts(self.ring.payload_ptr(self.index), self.len) }
+    }
+}
+
+fn slot(ring: &Mapping, i: u64) -> Slot {
+    Slot {
+        index: i,
+        seq: ring.seq(i).load(Ordering::Acquire),
+        tf_id: ring.tf_id(i).load(Ordering::Acquire),
+        size: ring.size(i).load(Ordering::Acquire),
+    }
+}

@@ -1,0 +1,135 @@
+//! The ring between a writer and a reader in one process: order, wrap-around, waiting,
+//! a reader that crashed and attaches again, and bad rings named by field.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::{Reader, RingError, Writer};
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// A ring name no other test uses.
+fn name() -> String {
+    format!(
+        "fanin-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn data(tf: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (tf as usize * 31 + i * 7) as u8).collect()
+}
+
+#[test]
+fn stfs_arrive_in_order_across_wrap_around_and_free_slots_are_reused() {
+    let n = name();
+    let mut w = Writer::create(&n, 3, 4096).unwrap();
+    let mut r = Reader::attach(&n).unwrap();
+    for round in 0..4u64 {
+        for k in 0..3 {
+            let tf = round * 3 + k;
+            assert!(w.write(tf, &data(tf, 100 + tf as usize), false).unwrap());
+        }
+        assert!(
+            !w.write(round * 3 + 3, b"x", false).unwrap(),
+            "full: the writer is told"
+        );
+        for k in 0..3 {
+            let s = r.poll().unwrap().expect("ready");
+            assert_eq!(s.tf_id, round * 3 + k);
+            assert_eq!(
+                r.payload(&s).as_slice(),
+                &data(s.tf_id, 100 + s.tf_id as usize)[..]
+            );
+            r.free(&s);
+        }
+        assert_eq!(r.poll().unwrap(), None);
+    }
+    assert!(!r.ended());
+    w.close();
+    assert!(r.ended());
+    assert!(w.wait_empty(Duration::from_secs(1)));
+    w.unlink().unwrap();
+}
+
+#[test]
+fn a_reattached_reader_gets_every_slot_not_freed_in_write_order() {
+    let n = name();
+    let mut w = Writer::create(&n, 4, 4096).unwrap();
+    let mut first = Reader::attach(&n).unwrap();
+    for tf in [10, 11, 12] {
+        w.write(tf, &data(tf, 10), true).unwrap();
+    }
+    let a = first.poll().unwrap().unwrap();
+    let b = first.poll().unwrap().unwrap();
+    first.free(&a);
+    drop(first); // the FLP crashed holding TFs 11 and 12
+    let _ = b;
+    let mut again = Reader::attach(&n).unwrap();
+    w.write(13, &data(13, 10), true).unwrap();
+    let got: Vec<u64> = std::iter::from_fn(|| again.poll().unwrap())
+        .map(|s| s.tf_id)
+        .collect();
+    assert_eq!(got, [11, 12, 13]);
+    w.unlink().unwrap();
+}
+
+#[test]
+fn a_waiting_writer_goes_on_when_the_reader_frees() {
+    let n = name();
+    let mut w = Writer::create(&n, 1, 4096).unwrap();
+    let mut r = Reader::attach(&n).unwrap();
+    let t = std::thread::spawn(move || {
+        for tf in 0..50 {
+            w.write(tf, &data(tf, 64), true).unwrap();
+        }
+        w.close();
+        w
+    });
+    let mut seen = 0;
+    while !r.ended() {
+        if let Some(s) = r.poll().unwrap() {
+            assert_eq!(
+                (s.tf_id, r.payload(&s).as_slice()),
+                (seen, &data(seen, 64)[..])
+            );
+            r.free(&s);
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 50);
+    t.join().unwrap().unlink().unwrap();
+}
+
+#[test]
+fn bad_rings_and_writes_name_their_field() {
+    let field = |e: RingError| match e {
+        RingError::Bad { field, .. } => field,
+        RingError::Io { err, .. } => panic!("io: {err}"),
+    };
+    assert_eq!(
+        field(Writer::create(&name(), 0, 4096).err().unwrap()),
+        "slots"
+    );
+    assert_eq!(
+        field(Writer::create(&name(), 1, 1000).err().unwrap()),
+        "slot_size"
+    );
+    let n = name();
+    let mut w = Writer::create(&n, 2, 4096).unwrap();
+    assert_eq!(field(w.write(0, &[0; 4097], true).unwrap_err()), "size");
+    w.write(5, b"a", true).unwrap();
+    assert_eq!(field(w.write(5, b"b", true).unwrap_err()), "tf_id");
+    std::fs::write(crate::ring_path(&n), b"not a ring at all, far too short").unwrap();
+    assert_eq!(field(Reader::attach(&n).err().unwrap()), "header");
+    let mut bytes = vec![0u8; 8192];
+    bytes[..8].copy_from_slice(b"FANINSHX");
+    std::fs::write(crate::ring_path(&n), &bytes).unwrap();
+    assert_eq!(field(Reader::attach(&n).err().unwrap()), "magic");
+    std::fs::remove_file(crate::ring_path(&n)).unwrap();
+    assert!(
+        matches!(Reader::attach(&n), Err(RingError::Io { .. })),
+        "no such ring"
+    );
+}
