@@ -93,10 +93,10 @@ mod tests {
             Err(DecodeError::BadMagic(_))
         ));
         let mut b = good;
-        b[4] = 3; // the version before RunState
+        b[4] = 4; // the version before on-data scheduling
         assert_eq!(
             FrameHeader::decode(&b, 100),
-            Err(DecodeError::Version { got: 3, want: 4 })
+            Err(DecodeError::Version { got: 4, want: 5 })
         );
         let mut b = good;
         b[6] = 1;
