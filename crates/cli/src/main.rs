@@ -165,6 +165,10 @@ struct FlpArgs {
     /// Send buffer limit (bytes of STFs waiting for the network).
     #[arg(long, default_value = "256MiB")]
     send_buffer: String,
+    /// Where the STFs come from: synthetic, shm:NAME, exec:CMD, replay:DIR[,rate=HZ]
+    /// (docs/sources.md; all but synthetic need schedule = "on-data").
+    #[arg(long, default_value = "synthetic", value_name = "SPEC")]
+    source: flp::source::SourceSpec,
 }
 
 #[derive(Args)]
@@ -430,6 +434,7 @@ fn flp_options(a: &FlpArgs) -> anyhow::Result<flp::FlpOptions> {
         metrics_bind: a.common.metrics,
         connect_timeout: connect_timeout(a.common.connect_timeout)?,
         session: a.common.session,
+        source: a.source.clone(),
     })
 }
 

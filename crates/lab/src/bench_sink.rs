@@ -10,7 +10,7 @@ use clap::Args;
 use fanin_node::icn::summary::Summary;
 use fanin_node::RunConfig;
 
-use crate::epn_plan::{EpnPlan, EpnSetup, SinkEntry};
+use crate::node_plan::{EpnSetup, NodePlan, SinkEntry};
 
 const CAT: &str = "exec:cat > /dev/null";
 
@@ -175,8 +175,9 @@ fn paced(a: &SinkBenchArgs) -> RunConfig {
 
 /// One run with these sinks on its EPN; its summary, checked.
 /// These sinks on every EPN; exec sinks lend their pages if `zero_copy`.
-fn plan(sinks: &[&str], zero_copy: bool) -> EpnPlan {
-    EpnPlan {
+fn plan(sinks: &[&str], zero_copy: bool) -> NodePlan {
+    NodePlan {
+        sources: Vec::new(),
         sinks: sinks
             .iter()
             .map(|s| SinkEntry {
@@ -192,7 +193,7 @@ fn plan(sinks: &[&str], zero_copy: bool) -> EpnPlan {
 }
 
 /// One run with this EPN plan; its summary, checked.
-async fn case(root: &Path, name: &str, cfg: &RunConfig, plan: EpnPlan) -> anyhow::Result<Summary> {
+async fn case(root: &Path, name: &str, cfg: &RunConfig, plan: NodePlan) -> anyhow::Result<Summary> {
     let dir = root.join(name);
     let (s, _) = crate::cluster::run_on(cfg, &dir, name, None, &[], &plan, None).await?;
     anyhow::ensure!(s.invariant_ok, "{name}: accounting invariant violated");

@@ -43,7 +43,7 @@ pub struct Experiment {
     /// Faults injected into every run (`[[fault]]`).
     pub faults: Vec<crate::faults::Fault>,
     /// Where EPNs send built TFs (`[[sink]]`, `[epn]`).
-    pub epn: crate::epn_plan::EpnPlan,
+    pub epn: crate::node_plan::NodePlan,
 }
 
 /// Which network carries control traffic (ICN<->FLP, EPN->ICN) on a testbed.
@@ -127,7 +127,7 @@ fn number(v: Option<&Value>, field: &str) -> anyhow::Result<Option<f64>> {
 }
 
 /// Top-level keys of a runtime experiment file.
-const TOP_KEYS: [&str; 10] = [
+const TOP_KEYS: [&str; 11] = [
     "name",
     "description",
     "repetitions",
@@ -138,6 +138,7 @@ const TOP_KEYS: [&str; 10] = [
     "fault",
     "sink",
     "epn",
+    "source",
 ];
 
 /// One configuration before it is typed: its label (if given), its table, the
@@ -167,7 +168,8 @@ pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
     };
     let faults = faults(&doc, &configs).with_context(|| format!("experiment {origin}"))?;
     let max_epns = configs.iter().map(|c| c.run.epns).min().unwrap_or(0);
-    let epn = crate::epn_plan::EpnPlan::parse(doc.get("sink"), doc.get("epn"), max_epns)
+    let max_flps = configs.iter().map(|c| c.run.flps).min().unwrap_or(0);
+    let epn = crate::node_plan::NodePlan::parse(&doc, (max_flps, max_epns))
         .with_context(|| format!("experiment {origin}"))?;
     Ok(Experiment {
         name,

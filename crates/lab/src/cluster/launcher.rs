@@ -84,11 +84,11 @@ pub(super) struct Launcher<'a> {
     /// environment: a process of another run, or a stranger, cannot join.
     secret: String,
     /// Each EPN's sinks and delivery flags.
-    pub epn_plan: &'a crate::epn_plan::EpnPlan,
+    pub node_plan: &'a crate::node_plan::NodePlan,
 }
 
 /// No sinks: EPNs build and discard.
-static NO_SINKS: std::sync::LazyLock<crate::epn_plan::EpnPlan> =
+static NO_SINKS: std::sync::LazyLock<crate::node_plan::NodePlan> =
     std::sync::LazyLock::new(Default::default);
 
 impl<'a> Launcher<'a> {
@@ -114,7 +114,7 @@ impl<'a> Launcher<'a> {
             icn_control,
             registry_args: Vec::new(),
             secret: fanin_node::auth::Secret::generate().as_env(),
-            epn_plan: &NO_SINKS,
+            node_plan: &NO_SINKS,
         })
     }
 
@@ -284,7 +284,7 @@ impl<'a> Launcher<'a> {
         a.extend(["--data-bind".into(), format!("{data}:0")]);
         a.extend(["--metrics".into(), "127.0.0.1:0".into()]);
         a.extend(["--build-buffer".into(), self.cfg.epn_buffer.to_string()]);
-        a.extend(self.epn_plan.argv(i));
+        a.extend(self.node_plan.argv(i));
         if let Some(ctl) = ctl {
             a.extend(["--control-bind".into(), ctl]);
         }
@@ -298,6 +298,7 @@ impl<'a> Launcher<'a> {
         a.extend(["--id".into(), i.to_string()]);
         a.extend(["--metrics".into(), "127.0.0.1:0".into()]);
         a.extend(["--send-buffer".into(), self.cfg.flp_buffer.to_string()]);
+        a.extend(self.node_plan.flp_argv(i));
         if self.net.is_some() {
             a.extend(["--data-bind".into(), data]);
         }

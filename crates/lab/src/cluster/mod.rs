@@ -22,7 +22,7 @@ use launcher::{IcnOut, Launcher};
 
 /// Runs one configuration once on loopback and returns its summary.
 pub async fn run_one(cfg: &RunConfig, dir: &Path, prefix: &str) -> anyhow::Result<Summary> {
-    let plan = crate::epn_plan::EpnPlan::default();
+    let plan = crate::node_plan::NodePlan::default();
     Ok(run_on(cfg, dir, prefix, None, &[], &plan, None).await?.0)
 }
 
@@ -34,14 +34,14 @@ pub async fn run_on(
     prefix: &str,
     net: Option<&OnTestbed>,
     faults: &[Fault],
-    epn_plan: &crate::epn_plan::EpnPlan,
+    node_plan: &crate::node_plan::NodePlan,
     interrupts: Option<Interrupts>,
 ) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
     let checked = cfg.check()?;
     let (goats, planned) = plan(faults, cfg)?;
     let icn_fault = planned.iter().any(|(n, _)| n == "ICN");
     let mut l = Launcher::new(cfg, dir, net)?;
-    l.epn_plan = epn_plan;
+    l.node_plan = node_plan;
     let _zk_server = l.start_registry()?;
     let icn = l.start_icn().await?;
     let mut standby = if icn_fault {

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use fanin_proto::{EpnEntry, Message, Reason};
+use fanin_proto::{EpnEntry, Message, Reason, StfInfo};
 use fanin_sched::{EpnId, StfSize, TfId};
 
 use crate::budget::ByteBudget;
@@ -20,6 +20,9 @@ pub const QUEUE_PER_EPN: usize = 4096;
 /// Most STFs kept for a re-send at once (besides the byte limit, which zero-byte STFs
 /// would not reach).
 const MAX_KEPT: usize = 1 << 20;
+
+/// STFs announced in one frame at most (16 bytes each, well inside a control frame).
+pub const ANNOUNCE_BATCH: usize = 1024;
 
 /// One STF for a sender task to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +46,10 @@ pub enum Input {
     Sent { job: StfJob, ok: bool },
     /// Time for a heartbeat (every 100 ms).
     Heartbeat,
+    /// On-data: the source produced an STF (the shell asked `has_room` first).
+    Produced(StfInfo),
+    /// On-data: announce what was produced since the last flush.
+    Flush,
 }
 
 /// What the FLP asks its shell to do, in order.
@@ -58,6 +65,20 @@ pub enum Action {
     Connect(EpnEntry),
     /// The run stopped: flush the senders, say goodbye, leave.
     Stop,
+    /// On-data: the STF's TF is over and no send uses it: give it back to the source.
+    Free(TfId),
+}
+
+/// An STF the FLP holds (sent or queued and, with `retain`, kept until released).
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    len: u64,
+    /// The queue (an EPN's connection) it was last queued on, if any.
+    queue: Option<u64>,
+    /// Sends of it in progress.
+    sending: u32,
+    /// The ICN released its TF: freed once no send uses it.
+    released: bool,
 }
 
 /// One EPN's queue: its share of the send buffer and the STFs in it.
@@ -83,8 +104,13 @@ pub struct FlpCore {
     share: u64,
     queues: HashMap<EpnId, Queue>,
     next_queue: u64,
-    /// Zero-loss mode: STFs sent or queued, kept until the ICN releases their TF.
-    kept: HashMap<TfId, u64>,
+    /// Zero-loss mode and on-data: STFs held until the ICN releases their TF.
+    kept: HashMap<TfId, Kept>,
+    /// On-data: the source's STFs are the payloads (held from production to release).
+    on_data: bool,
+    announce: Vec<StfInfo>,
+    /// On-data: the source waits for room in the send buffer.
+    held: bool,
     metrics: Arc<Metrics>,
     out: VecDeque<Action>,
 }
@@ -93,12 +119,14 @@ impl FlpCore {
     /// The FLP of a run with these parameters, connected to `epns` at the start.
     pub fn new(
         me: u32,
-        (size, seed, retain): (StfSize, u64, bool),
+        (size, seed, retain, on_data): (StfSize, u64, bool, bool),
         send_buffer: u64,
         epns: &[EpnId],
         metrics: Arc<Metrics>,
     ) -> FlpCore {
-        let share = if epns.len() >= 2 {
+        // On-data, an STF's bytes are held from production on: a queue adds none, so
+        // it needs no share of its own (and a source's STF may be larger than half).
+        let share = if epns.len() >= 2 && !on_data {
             (send_buffer / 2).max(size.max())
         } else {
             send_buffer
@@ -108,12 +136,15 @@ impl FlpCore {
             me,
             size,
             seed,
-            retain,
+            retain: retain || on_data,
             budget: ByteBudget::new(send_buffer),
             share,
             queues: HashMap::new(),
             next_queue: 0,
             kept: HashMap::new(),
+            on_data,
+            announce: Vec::new(),
+            held: false,
             metrics,
             out: VecDeque::new(),
         };
@@ -145,9 +176,58 @@ impl FlpCore {
                         building: self.kept.len().min(u32::MAX as usize) as u32,
                     }));
             }
+            Input::Produced(stf) => self.produced(stf),
+            Input::Flush => self.flush_announce(),
         }
         debug_assert!(self.budget.used() <= self.budget.limit());
-        debug_assert!(!self.retain || self.kept.values().sum::<u64>() <= self.budget.used());
+        debug_assert!(
+            !self.retain || self.kept.values().map(|k| k.len).sum::<u64>() <= self.budget.used()
+        );
+    }
+
+    /// Bytes the send buffer can take for a source's next STF (0 at the count limit).
+    pub fn room(&self) -> u64 {
+        if self.kept.len() >= MAX_KEPT {
+            return 0;
+        }
+        self.budget.limit().saturating_sub(self.budget.used())
+    }
+
+    /// On-data: can the send buffer take an STF of `size` bytes now? When it cannot,
+    /// the source is held back (visibly: a level and a count per hold), never dropped.
+    pub fn has_room(&mut self, size: u64) -> bool {
+        let room = self.kept.len() < MAX_KEPT && self.budget.used() + size <= self.budget.limit();
+        if !room && !self.held {
+            self.metrics.stf("held", Reason::FlpBufferFull.name(), 1);
+        }
+        self.held = !room;
+        self.metrics.set_level("source_held", u64::from(self.held));
+        room
+    }
+
+    fn produced(&mut self, stf: StfInfo) {
+        assert!(self.on_data, "an STF produced by a source in a timer run");
+        let fresh = !self.kept.contains_key(&stf.tf_id);
+        assert!(
+            fresh,
+            "TF {} produced twice (sources check their ids)",
+            stf.tf_id
+        );
+        assert!(self.budget.try_reserve(stf.size), "produced without room");
+        self.kept.insert(stf.tf_id, Kept::new(stf.size, None));
+        self.metrics.stf("produced", "", 1);
+        self.publish();
+        self.announce.push(stf);
+        if self.announce.len() >= ANNOUNCE_BATCH {
+            self.flush_announce();
+        }
+    }
+
+    fn flush_announce(&mut self) {
+        if !self.announce.is_empty() {
+            let list = std::mem::take(&mut self.announce);
+            self.send(Message::StfAnnounce(list));
+        }
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
@@ -176,20 +256,11 @@ impl FlpCore {
 
     fn on_control(&mut self, m: Message) {
         match m {
-            Message::Assign { tf_id, epn_id } => match self.kept.get(&tf_id) {
-                // A TF already sent: its EPN died and the ICN moved it.
-                Some(&n) => {
-                    if !self.resend(tf_id, epn_id, n) {
-                        self.kept.remove(&tf_id);
-                        self.budget.release(n);
-                    }
-                }
-                None => self.enqueue(tf_id, epn_id),
-            },
+            Message::Assign { tf_id, epn_id } => self.on_assign(tf_id, epn_id),
             Message::Release { tf_id } => {
-                if let Some(n) = self.kept.remove(&tf_id) {
-                    self.budget.release(n);
-                    self.publish();
+                if let Some(k) = self.kept.get_mut(&tf_id) {
+                    k.released = true;
+                    self.maybe_free(tf_id);
                 }
             }
             // EPNs joining mid-run (or restarted): connect in the background.
@@ -199,9 +270,11 @@ impl FlpCore {
                 self.metrics.set_run_state(state, run_number)
             }
             Message::RunStop { .. } => {
-                for (_, n) in self.kept.drain() {
-                    self.budget.release(n);
+                // A source's STFs stay with it (a ring's slots stay READY for the next run).
+                for (_, k) in self.kept.drain() {
+                    self.budget.release(k.len);
                 }
+                self.flush_announce();
                 self.out.push_back(Action::Stop);
             }
             other => {
@@ -226,6 +299,53 @@ impl FlpCore {
         });
     }
 
+    fn on_assign(&mut self, tf: TfId, epn: EpnId) {
+        let queue = self.queues.get(&epn).map(|q| q.id);
+        match self.kept.get(&tf).copied() {
+            // Assigned again to the same connection (a late or repeated announcement).
+            Some(k) if k.queue.is_some() && k.queue == queue => {}
+            // Produced, not sent yet (on-data).
+            Some(k) if k.queue.is_none() => self.first_send(tf, epn, k.len),
+            // A TF already sent: its EPN died and the ICN moved it.
+            Some(k) => {
+                if !self.resend(tf, epn, k.len) && !self.on_data {
+                    self.kept.remove(&tf);
+                    self.budget.release(k.len);
+                }
+            }
+            None if self.on_data => self.metrics.stf("not_held", "", 1),
+            None => self.enqueue(tf, epn),
+        }
+    }
+
+    /// On-data: the first send of a produced STF (its bytes are in the buffer already;
+    /// a refusal is reported, and the STF stays until its TF is released).
+    fn first_send(&mut self, tf: TfId, epn: EpnId, n: u64) {
+        let Some(q) = self.queues.get(&epn) else {
+            self.metrics.error("unknown_epn");
+            return self.dropped(tf, Reason::SendFailed);
+        };
+        if q.jobs >= QUEUE_PER_EPN || !q.bytes.try_reserve(n) {
+            return self.dropped(tf, Reason::FlpQueueFull);
+        }
+        self.queue(tf, epn, n);
+    }
+
+    /// Frees a released STF once no send uses it.
+    fn maybe_free(&mut self, tf: TfId) {
+        let Some(k) = self.kept.get(&tf).copied() else {
+            return;
+        };
+        if k.released && k.sending == 0 {
+            self.kept.remove(&tf);
+            self.budget.release(k.len);
+            self.publish();
+            if self.on_data {
+                self.out.push_back(Action::Free(tf));
+            }
+        }
+    }
+
     /// Puts the STF of `tf` in the queue of `epn`, or drops it with the reason.
     fn enqueue(&mut self, tf: TfId, epn: EpnId) {
         let n = self.size.sample(self.seed, self.me, tf);
@@ -246,7 +366,7 @@ impl FlpCore {
         }
         self.publish();
         if self.retain {
-            self.kept.insert(tf, n);
+            self.kept.insert(tf, Kept::new(n, None));
         }
         self.queue(tf, epn, n);
     }
@@ -273,6 +393,10 @@ impl FlpCore {
         q.jobs += 1;
         debug_assert!(q.jobs <= QUEUE_PER_EPN);
         let queue = q.id;
+        if let Some(k) = self.kept.get_mut(&tf) {
+            k.queue = Some(queue);
+            k.sending += 1;
+        }
         self.out.push_back(Action::Queue(StfJob {
             tf,
             epn,
@@ -286,6 +410,10 @@ impl FlpCore {
         if !self.retain {
             self.budget.release(job.len);
         }
+        if let Some(k) = self.kept.get_mut(&job.tf) {
+            k.sending -= 1;
+        }
+        self.maybe_free(job.tf);
         let first_failure = match self.queues.get_mut(&job.epn) {
             Some(q) if q.id == job.queue => {
                 q.bytes.release(job.len);
@@ -325,6 +453,17 @@ impl FlpCore {
     }
 }
 
+impl Kept {
+    fn new(len: u64, queue: Option<u64>) -> Kept {
+        Kept {
+            len,
+            queue,
+            sending: 0,
+            released: false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,7 +474,7 @@ mod tests {
     fn flp(retain: bool, buffer: u64) -> (FlpCore, Arc<Metrics>) {
         let m = Metrics::new("flp", Some(0));
         let size = StfSize::Fixed(KIB);
-        let core = FlpCore::new(0, (size, 1, retain), buffer, &[0, 1], m.clone());
+        let core = FlpCore::new(0, (size, 1, retain, false), buffer, &[0, 1], m.clone());
         (core, m)
     }
 
@@ -501,6 +640,87 @@ mod tests {
             building: 1,
         };
         assert_eq!(drain(&mut c), [Action::ControlLossy(expect)]);
+    }
+
+    /// An on-data FLP (its source's STFs), EPNs 0 and 1.
+    fn on_data(buffer: u64) -> (FlpCore, Arc<Metrics>) {
+        let m = Metrics::new("flp", Some(0));
+        let size = StfSize::Fixed(KIB);
+        let core = FlpCore::new(0, (size, 1, false, true), buffer, &[0, 1], m.clone());
+        (core, m)
+    }
+
+    fn produce(c: &mut FlpCore, tf: TfId, size: u64) {
+        assert!(c.has_room(size));
+        c.handle(Input::Produced(StfInfo { tf_id: tf, size }));
+    }
+
+    #[test]
+    fn produced_stfs_are_announced_in_one_frame_and_sent_when_assigned() {
+        let (mut c, _) = on_data(64 * KIB);
+        produce(&mut c, 3, 100);
+        produce(&mut c, 4, 200);
+        assert!(drain(&mut c).is_empty(), "announced on flush");
+        c.handle(Input::Flush);
+        let want = vec![
+            StfInfo {
+                tf_id: 3,
+                size: 100,
+            },
+            StfInfo {
+                tf_id: 4,
+                size: 200,
+            },
+        ];
+        assert_eq!(drain(&mut c), [Action::Control(Message::StfAnnounce(want))]);
+        assert_eq!(c.buffered(), 300, "held from production");
+        let j = job(&assign(&mut c, 4, 1));
+        assert_eq!((j.tf, j.len), (4, 200));
+        assert!(
+            assign(&mut c, 4, 1).is_empty(),
+            "the same assignment again: nothing"
+        );
+        assert!(
+            assign(&mut c, 9, 1).is_empty(),
+            "a TF it does not hold: nothing"
+        );
+    }
+
+    #[test]
+    fn a_full_buffer_holds_the_source_back_visibly_and_a_release_frees_it() {
+        let (mut c, m) = on_data(2 * KIB);
+        produce(&mut c, 0, 2 * KIB);
+        assert!(!c.has_room(1));
+        assert!(!c.has_room(1));
+        assert_eq!(m.counter("stfs.held.flp_buffer_full"), 1, "once per hold");
+        let j = job(&assign(&mut c, 0, 0));
+        c.handle(Input::Control(Message::Release { tf_id: 0 }));
+        assert!(
+            drain(&mut c).is_empty(),
+            "a send still uses it: not freed yet"
+        );
+        c.handle(Input::Sent { job: j, ok: true });
+        assert_eq!(drain(&mut c), [Action::Free(0)]);
+        assert!(c.has_room(2 * KIB));
+    }
+
+    #[test]
+    fn an_on_data_stf_whose_epn_died_is_sent_again_and_freed_only_on_release() {
+        let (mut c, _) = on_data(64 * KIB);
+        produce(&mut c, 0, KIB);
+        let j = job(&assign(&mut c, 0, 0));
+        c.handle(Input::Sent { job: j, ok: false });
+        drain(&mut c);
+        let again = job(&assign(&mut c, 0, 1));
+        assert_eq!(again.epn, 1);
+        c.handle(Input::Sent {
+            job: again,
+            ok: true,
+        });
+        assert!(drain(&mut c).is_empty());
+        c.handle(Input::Control(Message::Release { tf_id: 0 }));
+        assert_eq!(drain(&mut c), [Action::Free(0)]);
+        assert_eq!(c.buffered(), 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod core;
 pub mod payload;
 mod sender;
+pub mod source;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fanin_proto::{EpnEntry, Message, Prepare, Role, MAX_CONTROL_BODY};
-use fanin_sched::EpnId;
+use fanin_proto::{EpnEntry, Message, Prepare, Role, Schedule, MAX_CONTROL_BODY};
+use fanin_sched::{EpnId, TfId};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -23,8 +24,9 @@ use crate::join::{
 };
 use crate::metrics::Metrics;
 use crate::registry::{runtime::RegistryOpts, ZkRegistry};
-use core::{Action, FlpCore, Input, StfJob, QUEUE_PER_EPN};
-use sender::SendCtx;
+use core::{Action, FlpCore, Input, StfJob, ANNOUNCE_BATCH, QUEUE_PER_EPN};
+use sender::{Outgoing, SendCtx};
+use source::{Event, Payload, Source, SourceError, SourceSpec};
 
 pub struct FlpOptions {
     /// The ICN's control address; with a registry, the elected ICN is used instead.
@@ -44,6 +46,8 @@ pub struct FlpOptions {
     pub secret: crate::auth::Secret,
     /// Long-lived (run control): join run after run until the session's EXIT.
     pub session: bool,
+    /// Where the STFs come from (on-data runs; timer runs use synthetic payloads).
+    pub source: SourceSpec,
 }
 
 impl FlpOptions {
@@ -103,10 +107,18 @@ async fn run_once(
         metrics: metrics.clone(),
         secret: opts.secret.clone(),
     });
+    let on_data = prep.schedule == Schedule::OnData;
+    let source = match on_data {
+        true => Some(Source::open(&opts.source, me, &prep, size).map_err(NodeError::Fatal)?),
+        false => {
+            Source::open(&opts.source, me, &prep, size).map_err(NodeError::Fatal)?;
+            None
+        }
+    };
     let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
     let core = FlpCore::new(
         me,
-        (size, prep.seed, prep.retain),
+        (size, prep.seed, prep.retain, on_data),
         opts.send_buffer,
         &epns,
         metrics.clone(),
@@ -119,6 +131,10 @@ async fn run_once(
         tasks: Vec::new(),
         done_tx,
         data_bind: opts.data_bind,
+        source,
+        source_live: false,
+        held: false,
+        store: HashMap::new(),
     };
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
@@ -184,11 +200,18 @@ const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 struct Shell {
     core: FlpCore,
     ctx: Arc<SendCtx>,
-    senders: HashMap<EpnId, mpsc::Sender<StfJob>>,
+    senders: HashMap<EpnId, mpsc::Sender<Outgoing>>,
     tasks: Vec<AbortOnDrop<()>>,
     /// Sender tasks hand finished jobs back here.
     done_tx: mpsc::Sender<(StfJob, bool)>,
     data_bind: Option<IpAddr>,
+    /// On-data: the source, taking STFs from RunStart until it ends ...
+    source: Option<Source>,
+    source_live: bool,
+    /// ... unless the send buffer has no room for its next STF (until room is freed).
+    held: bool,
+    /// The payloads of the STFs the core holds, with their CRCs.
+    store: HashMap<TfId, (Payload, Option<u32>)>,
 }
 
 type Connected = (EpnId, anyhow::Result<TcpStream>);
@@ -241,6 +264,8 @@ impl Shell {
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            let room = self.core.room();
+            let taking = self.source_live && !self.held;
             let input = tokio::select! {
                 f = frames.recv() => match f.unwrap_or(Ok(None)) {
                     Ok(Some(m)) => Input::Control(m),
@@ -250,9 +275,20 @@ impl Shell {
                 Some((job, ok)) = done.recv() => Input::Sent { job, ok },
                 Some((epn, res)) = conns.recv() => self.connected(epn, res),
                 _ = heartbeat.tick() => Input::Heartbeat,
+                ev = next_stf(self.source.as_mut(), room), if taking => {
+                    self.take_stfs(ev, &ctl, &conn_tx).await;
+                    Input::Flush
+                }
             };
+            if !matches!(input, Input::Flush | Input::Heartbeat) {
+                self.held = false; // room may have been freed: ask the source again
+            }
             if let Input::Control(Message::RunStart { run_id }) = &input {
                 tracing::info!("FLP {me}: run {run_id} started");
+                if let Some(s) = self.source.as_mut() {
+                    s.start();
+                    self.source_live = true;
+                }
             }
             if self.feed(input, &ctl, &conn_tx).await {
                 tracing::info!("FLP {me}: run stopping; flushing send queues");
@@ -291,6 +327,12 @@ impl Shell {
                     }
                     Action::Connect(e) => self.connect_later(e, conn_tx),
                     Action::Stop => stopped = true,
+                    Action::Free(tf) => {
+                        self.store.remove(&tf);
+                        if let Some(s) = self.source.as_mut() {
+                            s.free(tf);
+                        }
+                    }
                 }
             }
         }
@@ -300,8 +342,74 @@ impl Shell {
     /// An STF job to its sender; false when its sender is gone. (The core counts the
     /// jobs, so a sender's queue is never full.)
     fn queue(&mut self, job: StfJob) -> bool {
-        let sent = self.senders.get(&job.epn).map(|tx| tx.try_send(job));
+        let (payload, crc) = match self.store.get(&job.tf) {
+            Some((p, crc)) => (p.clone(), *crc),
+            None => (Payload::Synthetic, None),
+        };
+        let out = Outgoing { job, payload, crc };
+        let sent = self.senders.get(&job.epn).map(|tx| tx.try_send(out));
         matches!(sent, Some(Ok(())))
+    }
+
+    /// Takes an STF from the source, and every other one ready at once (up to a
+    /// frame's worth), into the core; an end or a failure goes to the ICN.
+    async fn take_stfs(
+        &mut self,
+        first: Result<Event, SourceError>,
+        ctl: &mpsc::Sender<Message>,
+        conn_tx: &mpsc::Sender<Connected>,
+    ) {
+        let mut ev = Some(first);
+        for _ in 0..ANNOUNCE_BATCH {
+            let Some(e) = ev.take() else { break };
+            if !self.source_event(e, ctl).await {
+                break;
+            }
+            let room = self.core.room();
+            ev = poll_now(next_stf(self.source.as_mut(), room));
+        }
+        let _ = conn_tx; // actions of Produced are control frames only
+    }
+
+    /// One source event; true when an STF was taken.
+    async fn source_event(
+        &mut self,
+        ev: Result<Event, SourceError>,
+        ctl: &mpsc::Sender<Message>,
+    ) -> bool {
+        let me = self.ctx.me;
+        let (ok, detail) = match ev {
+            Ok(Event::Stf(p)) => {
+                let fits = self.core.has_room(p.info.size);
+                assert!(
+                    fits,
+                    "a source yielded an STF larger than the room it was given"
+                );
+                let crc = p
+                    .payload
+                    .slice()
+                    .filter(|_| self.ctx.crc)
+                    .map(crc32c::crc32c);
+                self.store.insert(p.info.tf_id, (p.payload, crc));
+                self.core.handle(Input::Produced(p.info));
+                return true;
+            }
+            Ok(Event::Held(size)) => {
+                self.held = !self.core.has_room(size);
+                return false;
+            }
+            Ok(Event::Ended(why)) => (true, why),
+            Err(SourceError(line)) => {
+                tracing::error!("{line}");
+                self.ctx.metrics.error("source_failed");
+                (false, line)
+            }
+        };
+        tracing::info!("FLP {me}: source ended: {detail}");
+        self.source_live = false;
+        self.core.handle(Input::Flush);
+        let _ = ctl.send(Message::SourceEnded { ok, detail }).await;
+        false
     }
 
     fn connected(&mut self, epn: EpnId, res: anyhow::Result<TcpStream>) -> Input {
@@ -368,5 +476,24 @@ impl Shell {
             self.ctx.me
         );
         self.ctx.metrics.error("flush_timeout");
+    }
+}
+
+/// The source's next STF (never resolves without a source).
+async fn next_stf(source: Option<&mut Source>, room: u64) -> Result<Event, SourceError> {
+    match source {
+        Some(s) => s.next(room).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Polls a future once: its output if it is ready now (a source's futures are
+/// cancel-safe, so dropping a pending one loses nothing).
+fn poll_now<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
     }
 }

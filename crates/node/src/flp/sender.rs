@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::core::StfJob;
 use super::payload::Pattern;
+use super::source::Payload;
 use crate::conn::{connect_retry, read_frame_within, write_msg};
 use crate::metrics::Metrics;
 
@@ -98,19 +99,27 @@ pub async fn connect_epn(
     }
 }
 
+/// One STF for a sender: the core's job, its bytes and (for a source's bytes) its CRC.
+pub struct Outgoing {
+    pub job: StfJob,
+    pub payload: Payload,
+    pub crc: Option<u32>,
+}
+
 /// Writes every STF queued for `epn` and hands each job back through `done` (false:
 /// the connection had failed, now or before). The bytes are the core's to count.
 pub async fn send_loop(
     ctx: Arc<SendCtx>,
     epn: EpnId,
     mut stream: TcpStream,
-    mut rx: mpsc::Receiver<StfJob>,
+    mut rx: mpsc::Receiver<Outgoing>,
     done: mpsc::Sender<(StfJob, bool)>,
 ) {
     let mut failed = false;
-    while let Some(job) = rx.recv().await {
+    while let Some(out) = rx.recv().await {
+        let job = out.job;
         debug_assert_eq!(job.epn, epn);
-        let ok = !failed && send_one(&ctx, &mut stream, job).await;
+        let ok = !failed && send_one(&ctx, &mut stream, out).await;
         if !ok && !failed {
             failed = true;
         }
@@ -121,19 +130,37 @@ pub async fn send_loop(
     let _ = stream.shutdown().await;
 }
 
-/// Writes one STF frame; false when the connection failed.
-async fn send_one(ctx: &SendCtx, stream: &mut TcpStream, job: StfJob) -> bool {
+/// Writes one STF frame (a source's bytes from where they lie); false when the
+/// connection failed.
+async fn send_one(ctx: &SendCtx, stream: &mut TcpStream, out: Outgoing) -> bool {
+    let job = out.job;
     let len = job.len as usize;
+    let bytes = out.payload.slice();
+    debug_assert!(bytes.is_none_or(|b| b.len() == len));
+    let crc = match bytes {
+        None => ctx.crc.then(|| ctx.pattern.crc(job.tf, len)),
+        Some(_) => out.crc,
+    };
     let header = StfHeader {
         run_id: ctx.run_id,
         tf_id: job.tf,
         flp_id: ctx.me,
         epn_id: job.epn,
-        crc: ctx.crc.then(|| ctx.pattern.crc(job.tf, len)),
+        crc,
         payload_len: job.len as u32,
     };
-    let mut buf = ctx.pattern.frame(header.encode_frame_prefix(), job.tf, len);
-    match write_with_progress(stream, &mut buf).await {
+    let prefix = header.encode_frame_prefix();
+    let written = match bytes {
+        None => {
+            let mut buf = ctx.pattern.frame(prefix, job.tf, len);
+            write_with_progress(stream, &mut buf).await
+        }
+        Some(b) => {
+            let mut buf = bytes::Buf::chain(&prefix[..], b);
+            write_with_progress(stream, &mut buf).await
+        }
+    };
+    match written {
         Ok(()) => true,
         Err(e) => {
             tracing::warn!("FLP {}: data connection to EPN {}: {e}", ctx.me, job.epn);

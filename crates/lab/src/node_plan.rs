@@ -1,10 +1,13 @@
-//! `[[sink]]` and `[epn]` of a runtime experiment: where each EPN's built TFs go and
-//! how they are delivered, checked when the file is read, turned into `fanin epn` flags.
+//! `[[source]]`, `[[sink]]` and `[epn]` of a runtime experiment: where each FLP's STFs
+//! come from, where each EPN's built TFs go and how; checked when the file is read,
+//! turned into `fanin flp` and `fanin epn` flags.
 //!
-//! EPNs run in their run's directory, so relative sink paths land beside its results.
+//! Nodes run in their run's directory, so relative paths land beside its results.
+//! `{flp}` in a source's spec is the FLP's id (one ring per FLP: `shm:ro-{flp}`).
 
 use anyhow::{bail, Context};
 use fanin_node::epn::sink::{OnFailure, SinkSpec};
+use fanin_node::flp::source::SourceSpec;
 use serde::Deserialize;
 
 /// One `[[sink]]`: a spec for `fanin epn --sink`, on every EPN or those listed.
@@ -13,6 +16,21 @@ use serde::Deserialize;
 pub struct SinkEntry {
     pub spec: String,
     pub epns: Option<Vec<u32>>,
+}
+
+/// One `[[source]]`: a spec for `fanin flp --source`, on every FLP or those listed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceEntry {
+    pub spec: String,
+    pub flps: Option<Vec<u32>>,
+}
+
+impl SourceEntry {
+    fn for_flp(&self, id: u32) -> Option<String> {
+        let mine = self.flps.as_ref().is_none_or(|f| f.contains(&id));
+        mine.then(|| self.spec.replace("{flp}", &id.to_string()))
+    }
 }
 
 /// `[epn]`: how TFs leave every EPN that has sinks.
@@ -31,18 +49,18 @@ pub struct EpnSetup {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct EpnPlan {
+pub struct NodePlan {
+    pub sources: Vec<SourceEntry>,
     pub sinks: Vec<SinkEntry>,
     pub setup: EpnSetup,
 }
 
-impl EpnPlan {
-    /// From the experiment's `[[sink]]` and `[epn]`, checked against its largest run.
-    pub fn parse(
-        sink: Option<&toml::Value>,
-        epn: Option<&toml::Value>,
-        max_epns: u32,
-    ) -> anyhow::Result<EpnPlan> {
+impl NodePlan {
+    /// From the experiment's `[[source]]`, `[[sink]]` and `[epn]`, checked against its
+    /// smallest run.
+    pub fn parse(doc: &toml::Table, (max_flps, max_epns): (u32, u32)) -> anyhow::Result<NodePlan> {
+        let sources = parse_sources(doc.get("source"), max_flps)?;
+        let (sink, epn) = (doc.get("sink"), doc.get("epn"));
         let sinks: Vec<SinkEntry> = match sink {
             None => Vec::new(),
             Some(v) => typed(v).context("[[sink]]")?,
@@ -81,7 +99,19 @@ impl EpnPlan {
             f.parse::<OnFailure>()
                 .map_err(|e| anyhow::anyhow!("[epn] on_sink_failure: {e}"))?;
         }
-        Ok(EpnPlan { sinks, setup })
+        Ok(NodePlan {
+            sources,
+            sinks,
+            setup,
+        })
+    }
+
+    /// The `fanin flp` flags of FLP `id` (the first `[[source]]` that names it).
+    pub fn flp_argv(&self, id: u32) -> Vec<String> {
+        match self.sources.iter().find_map(|s| s.for_flp(id)) {
+            Some(spec) => vec!["--source".into(), spec],
+            None => Vec::new(),
+        }
     }
 
     /// The `fanin epn` flags of EPN `id`.
@@ -112,6 +142,27 @@ impl EpnPlan {
     }
 }
 
+fn parse_sources(v: Option<&toml::Value>, max_flps: u32) -> anyhow::Result<Vec<SourceEntry>> {
+    let sources: Vec<SourceEntry> = match v {
+        None => return Ok(Vec::new()),
+        Some(v) => typed(v).context("[[source]]")?,
+    };
+    for s in &sources {
+        s.spec
+            .replace("{flp}", "0")
+            .parse::<SourceSpec>()
+            .map_err(anyhow::Error::msg)
+            .context("[[source]]")?;
+        if let Some(bad) = s.flps.iter().flatten().find(|f| **f >= max_flps) {
+            bail!(
+                "[[source]] `{}`: FLP {bad} is not in a run of {max_flps} FLPs",
+                s.spec
+            );
+        }
+    }
+    Ok(sources)
+}
+
 fn typed<T: serde::de::DeserializeOwned>(v: &toml::Value) -> anyhow::Result<T> {
     v.clone()
         .try_into()
@@ -122,9 +173,26 @@ fn typed<T: serde::de::DeserializeOwned>(v: &toml::Value) -> anyhow::Result<T> {
 mod tests {
     use super::*;
 
-    fn plan(text: &str) -> anyhow::Result<EpnPlan> {
+    fn plan(text: &str) -> anyhow::Result<NodePlan> {
         let doc: toml::Table = text.parse().unwrap();
-        EpnPlan::parse(doc.get("sink"), doc.get("epn"), 3)
+        NodePlan::parse(&doc, (2, 3))
+    }
+
+    #[test]
+    fn sources_go_to_the_flps_they_name_with_their_id() {
+        let p = plan(
+            "[[source]]\nspec = \"shm:ro-{flp}\"\nflps = [1]\n[[source]]\nspec = \"exec:./ro\"\n",
+        )
+        .unwrap();
+        assert_eq!(p.flp_argv(0), ["--source", "exec:./ro"]);
+        assert_eq!(p.flp_argv(1), ["--source", "shm:ro-1"]);
+        let e = plan("[[source]]\nspec = \"shm:a/b\"\n").unwrap_err();
+        assert!(format!("{e:#}").contains("NAME must be"), "{e:#}");
+        let e = plan("[[source]]\nspec = \"synthetic\"\nflps = [2]\n").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("FLP 2 is not in a run of 2"),
+            "{e:#}"
+        );
     }
 
     #[test]

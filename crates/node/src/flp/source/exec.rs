@@ -1,0 +1,172 @@
+//! The `exec:CMD` source: framed STFs (24-byte header, then the payload) read from the
+//! stdout of `sh -c CMD`; while the send buffer is full the command blocks on its pipe.
+
+use std::process::Stdio;
+
+use bytes::{Buf, BytesMut};
+use fanin_proto::StfInfo;
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStdout, Command};
+
+use super::{Event, Payload, Produced, SourceError, STALL_LIMIT};
+use crate::config::MAX_STF_BYTES;
+
+/// "FSTF", version 1: the framing of docs/sources.md.
+pub const MAGIC: [u8; 4] = *b"FSTF";
+pub const HEADER: usize = 24;
+
+pub struct Exec {
+    child: Child,
+    out: ChildStdout,
+    buf: BytesMut,
+    /// The header of the frame being read.
+    header: Option<StfInfo>,
+    frames: u64,
+    last_tf: Option<u64>,
+    what: String,
+}
+
+impl Exec {
+    pub fn spawn(cmd: &str, me: u32, what: String) -> anyhow::Result<Exec> {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .env("FANIN_FLP_ID", me.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("{what}: cannot start sh: {e}"))?;
+        let out = child.stdout.take().expect("piped stdout");
+        Ok(Exec {
+            child,
+            out,
+            buf: BytesMut::new(),
+            header: None,
+            frames: 0,
+            last_tf: None,
+            what,
+        })
+    }
+
+    fn err(&self, field: &str, msg: String) -> SourceError {
+        SourceError(format!(
+            "{}: STF frame {}: {field}: {msg}",
+            self.what, self.frames
+        ))
+    }
+
+    /// Reads until `buf` holds `want` bytes (never more). False: stdout ended first.
+    /// Inside a frame, no byte for `STALL_LIMIT` is an error.
+    async fn fill(&mut self, want: usize) -> Result<bool, SourceError> {
+        while self.buf.len() < want {
+            let need = (want - self.buf.len()) as u64;
+            let quiet_ok = self.buf.is_empty() && self.header.is_none();
+            let mut limited = (&mut self.out).take(need);
+            let read = limited.read_buf(&mut self.buf);
+            let n = if quiet_ok {
+                read.await // between frames a source may be quiet
+            } else {
+                match tokio::time::timeout(STALL_LIMIT, read).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(self.err("payload", format!("no byte for {STALL_LIMIT:?}")))
+                    }
+                }
+            };
+            match n {
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
+                Err(e) => return Err(self.err("stdout", e.to_string())),
+            }
+        }
+        Ok(true)
+    }
+
+    pub async fn next(&mut self, room: u64) -> Result<Event, SourceError> {
+        let info = match self.header {
+            Some(h) => h,
+            None => {
+                if !self.fill(HEADER).await? {
+                    return self.ended();
+                }
+                let h = self.parse()?;
+                self.header = Some(h);
+                h
+            }
+        };
+        if info.size > room {
+            return Ok(Event::Held(info.size));
+        }
+        let total = HEADER + info.size as usize;
+        if !self.fill(total).await? {
+            let got = self.buf.len() - HEADER;
+            return Err(self.err(
+                "payload",
+                format!("stdout ended after {got} of {} bytes", info.size),
+            ));
+        }
+        let mut frame = self.buf.split_to(total);
+        frame.advance(HEADER);
+        self.header = None;
+        self.frames += 1;
+        self.last_tf = Some(info.tf_id);
+        Ok(Event::Stf(Produced {
+            info,
+            payload: Payload::Owned(frame.freeze()),
+        }))
+    }
+
+    fn parse(&self) -> Result<StfInfo, SourceError> {
+        let b = &self.buf[..HEADER];
+        let u16_at = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"));
+        if b[..4] != MAGIC {
+            let v = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+            return Err(self.err("magic", format!("{v:#010x} is not FSTF")));
+        }
+        if u16_at(4) != 1 {
+            return Err(self.err("version", format!("{} (this FLP reads 1)", u16_at(4))));
+        }
+        if u16_at(6) != 0 {
+            return Err(self.err("flags", format!("{} (must be 0)", u16_at(6))));
+        }
+        let (tf_id, size) = (u64_at(8), u64_at(16));
+        if size > MAX_STF_BYTES {
+            return Err(self.err("size", format!("{size} is over 1 GiB")));
+        }
+        if let Some(last) = self.last_tf.filter(|&l| tf_id <= l) {
+            return Err(self.err("tf_id", format!("{tf_id} does not grow (last {last})")));
+        }
+        Ok(StfInfo { tf_id, size })
+    }
+
+    /// Stdout ended between frames: the source ended (with the command's exit status).
+    fn ended(&mut self) -> Result<Event, SourceError> {
+        if !self.buf.is_empty() {
+            let got = self.buf.len();
+            return Err(self.err(
+                "header",
+                format!("stdout ended after {got} of {HEADER} bytes"),
+            ));
+        }
+        let status = match self.child.try_wait() {
+            Ok(Some(s)) => format!(", {s}"),
+            _ => String::new(),
+        };
+        Ok(Event::Ended(format!(
+            "end of stdout after {} STFs{status}",
+            self.frames
+        )))
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        // The command and whatever it started: one process group.
+        if let Some(pid) = self.child.id() {
+            unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
+        }
+    }
+}

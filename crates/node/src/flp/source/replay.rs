@@ -1,0 +1,166 @@
+//! The `replay:DIR` source: the STFs of this FLP in TF files an EPN's `file:` sink wrote
+//! (every `*.fanin` in DIR, name order), at a given rate or as fast as room allows.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use fanin_proto::tf_record::{decode_file_header, RecordReader, FILE_HEADER_LEN};
+use fanin_proto::StfInfo;
+use tokio::time::Instant;
+
+use super::{Event, Payload, Produced, SourceError};
+use crate::config::MAX_STF_BYTES;
+
+/// One file: its reader and its next STF of this FLP.
+struct Head {
+    path: String,
+    reader: RecordReader<BufReader<File>>,
+    next: Option<(u64, Bytes)>,
+    done: bool,
+}
+
+pub struct Replay {
+    me: u32,
+    heads: Vec<Head>,
+    /// The next STF, read but not produced (it did not fit, or is not due).
+    pending: Option<(u64, Bytes)>,
+    rate_hz: Option<f64>,
+    t0: Instant,
+    made: u64,
+    skipped: u64,
+    last_tf: Option<u64>,
+    what: String,
+}
+
+impl Replay {
+    pub fn open(dir: &Path, me: u32, rate_hz: Option<f64>, what: String) -> anyhow::Result<Replay> {
+        let read = std::fs::read_dir(dir)
+            .map_err(|e| anyhow::anyhow!("{what}: {}: {e}", dir.display()))?;
+        let mut files: Vec<PathBuf> = read
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "fanin"))
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            anyhow::bail!("{what}: {}: no *.fanin files", dir.display());
+        }
+        let heads = files
+            .iter()
+            .map(|p| open_file(p).map_err(|e| anyhow::anyhow!("{what}: {}: {e}", p.display())))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Replay {
+            me,
+            heads,
+            pending: None,
+            rate_hz: rate_hz.filter(|r| *r > 0.0),
+            t0: Instant::now(),
+            made: 0,
+            skipped: 0,
+            last_tf: None,
+            what,
+        })
+    }
+
+    /// The pacing clock starts (RunStart).
+    pub fn start(&mut self) {
+        self.t0 = Instant::now();
+    }
+
+    pub async fn next(&mut self, room: u64) -> Result<Event, SourceError> {
+        if self.pending.is_none() {
+            match self.read_next()? {
+                Some(p) => self.pending = Some(p),
+                None => {
+                    let what = format!(
+                        "replayed {} STFs ({} TFs without one of FLP {})",
+                        self.made, self.skipped, self.me
+                    );
+                    return Ok(Event::Ended(what));
+                }
+            }
+        }
+        if let Some(r) = self.rate_hz {
+            let at = Duration::from_secs_f64(self.made as f64 / r);
+            tokio::time::sleep_until(self.t0 + at).await;
+        }
+        let size = self.pending.as_ref().map_or(0, |(_, b)| b.len() as u64);
+        if size > room {
+            return Ok(Event::Held(size));
+        }
+        let (tf_id, bytes) = self.pending.take().expect("pending");
+        self.made += 1;
+        Ok(Event::Stf(Produced {
+            info: StfInfo { tf_id, size },
+            payload: Payload::Owned(bytes),
+        }))
+    }
+
+    /// The next STF of this FLP in TF-id order over every file (several EPNs' files
+    /// interleave). Blocking reads of local files; one STF per file is held.
+    fn read_next(&mut self) -> Result<Option<(u64, Bytes)>, SourceError> {
+        for i in 0..self.heads.len() {
+            self.fill(i)?;
+        }
+        let first = self
+            .heads
+            .iter_mut()
+            .filter(|h| h.next.is_some())
+            .min_by_key(|h| h.next.as_ref().map(|(tf, _)| *tf));
+        let Some((tf, bytes)) = first.and_then(|h| h.next.take()) else {
+            return Ok(None);
+        };
+        if let Some(last) = self.last_tf.filter(|&l| tf <= l) {
+            let msg = format!("{}: TF {tf} is in two files (last {last})", self.what);
+            return Err(SourceError(msg));
+        }
+        self.last_tf = Some(tf);
+        Ok(Some((tf, bytes)))
+    }
+
+    /// Reads file `i` up to its next STF of this FLP.
+    fn fill(&mut self, i: usize) -> Result<(), SourceError> {
+        let me = self.me;
+        let h = &mut self.heads[i];
+        while h.next.is_none() && !h.done {
+            let rec = match h.reader.next_record() {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    h.done = true;
+                    break;
+                }
+                Err(e) => return Err(SourceError(format!("{}: {}: {e}", self.what, h.path))),
+            };
+            let tf = rec.header.tf_id;
+            let Some(k) = rec.stfs.iter().position(|(s, _)| s.flp_id == me) else {
+                self.skipped += 1;
+                continue;
+            };
+            if !rec.stfs[k].1 {
+                let msg = format!(
+                    "{}: {}: TF {tf}: CRC of FLP {me}'s STF does not match",
+                    self.what, h.path
+                );
+                return Err(SourceError(msg));
+            }
+            let mut payloads = rec.payloads;
+            h.next = Some((tf, Bytes::from(payloads.swap_remove(k))));
+        }
+        Ok(())
+    }
+}
+
+fn open_file(path: &Path) -> Result<Head, String> {
+    let mut f = File::open(path).map_err(|e| e.to_string())?;
+    let mut head = [0u8; FILE_HEADER_LEN];
+    std::io::Read::read_exact(&mut f, &mut head).map_err(|e| format!("file header: {e}"))?;
+    decode_file_header(&head).map_err(|e| e.to_string())?;
+    Ok(Head {
+        path: path.display().to_string(),
+        reader: RecordReader::new(BufReader::new(f), MAX_STF_BYTES),
+        next: None,
+        done: false,
+    })
+}

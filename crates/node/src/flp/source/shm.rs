@@ -1,0 +1,82 @@
+//! The `shm:NAME` source: STFs a read-out wrote into the shared-memory ring, sent in
+//! place; a slot goes back to the writer when the ICN released its TF.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use fanin_proto::StfInfo;
+use fanin_sched::TfId;
+use fanin_shm::{Reader, Slot};
+
+use super::{Event, Payload, Produced, SourceError};
+
+/// How often an empty ring is looked at again (announcements batch what came meanwhile).
+const POLL: Duration = Duration::from_millis(1);
+
+pub struct Shm {
+    reader: Reader,
+    /// The next slot, taken from the ring but not yet produced (it did not fit).
+    pending: Option<Slot>,
+    /// Slots produced and not freed, by TF.
+    slots: HashMap<TfId, Slot>,
+    last_tf: Option<TfId>,
+    what: String,
+}
+
+impl Shm {
+    pub fn attach(name: &str, what: String) -> anyhow::Result<Shm> {
+        let reader = Reader::attach(name).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        Ok(Shm {
+            reader,
+            pending: None,
+            slots: HashMap::new(),
+            last_tf: None,
+            what,
+        })
+    }
+
+    pub async fn next(&mut self, room: u64) -> Result<Event, SourceError> {
+        let s = loop {
+            if let Some(s) = self.pending {
+                break s;
+            }
+            match self.reader.poll() {
+                Ok(Some(s)) => self.pending = Some(self.check(s)?),
+                Ok(None) if self.reader.ended() => {
+                    return Ok(Event::Ended("the read-out closed the ring".into()))
+                }
+                Ok(None) => tokio::time::sleep(POLL).await,
+                Err(e) => return Err(SourceError(format!("{}: {e}", self.what))),
+            }
+        };
+        if s.size > room {
+            return Ok(Event::Held(s.size));
+        }
+        self.pending = None;
+        self.last_tf = Some(s.tf_id);
+        self.slots.insert(s.tf_id, s);
+        Ok(Event::Stf(Produced {
+            info: StfInfo {
+                tf_id: s.tf_id,
+                size: s.size,
+            },
+            payload: Payload::Shared(self.reader.payload(&s)),
+        }))
+    }
+
+    fn check(&self, s: Slot) -> Result<Slot, SourceError> {
+        match self.last_tf {
+            Some(last) if s.tf_id <= last => Err(SourceError(format!(
+                "{}: slot {}: tf_id {} does not grow (last {last})",
+                self.what, s.index, s.tf_id
+            ))),
+            _ => Ok(s),
+        }
+    }
+
+    pub fn free(&mut self, tf: TfId) {
+        if let Some(s) = self.slots.remove(&tf) {
+            self.reader.free(&s);
+        }
+    }
+}
