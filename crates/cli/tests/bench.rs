@@ -163,3 +163,43 @@ fn bench_metrics_prints_cpu_per_scrape_and_the_share_of_a_core() {
     let share = us("at a 1 s scrape interval:");
     assert!((share - host / 1e4).abs() < 1e-3, "{stdout}");
 }
+
+#[test]
+fn bench_source_prints_the_ring_against_synthetic_and_the_scheduling_delay() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fanin()
+        .args(["bench", "source", "--seconds", "1", "--stf-size", "1MiB"])
+        .arg("--results")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let nums = |prefix: &str| -> Vec<f64> {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .expect(&stdout);
+        row.split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let g = nums("goodput");
+    assert!(g[0] > 0.0 && g[1] > 0.0, "{stdout}");
+    assert!(
+        (g[2] - g[0] / g[1]).abs() < 0.01,
+        "the ratio is shm / synthetic: {stdout}"
+    );
+    let c = nums("FLP CPU");
+    assert!(c[0] > 0.0 && c[1] > 0.0, "{stdout}");
+    for rate in ["1000 Hz", "10000 Hz"] {
+        let row = stdout.lines().find(|l| l.contains(rate)).expect(&stdout);
+        let n: Vec<f64> = row
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        // rate, TFs, p50, p99: every TF of the second timed, p50 <= p99.
+        assert!(n[1] >= n[0] * 0.99 && n[2] > 0.0 && n[2] <= n[3], "{row}");
+    }
+}

@@ -245,3 +245,112 @@ fn a_malformed_stf_fails_its_source_and_the_tfs_end_with_their_reason() {
     let want = "FLP 0: source failed: FLP 0: source exec:printf FSTX00000000000000000000: STF frame 0: magic: 0x58545346 is not FSTF";
     assert!(text.contains(want), "{text}");
 }
+
+/// examples/shm/readout.c's payload: splitmix64 from tf * 1000 + FLP.
+fn splitmix_payload(flp: u64, tf: u64, len: usize) -> Vec<u8> {
+    let mut x = tf * 1000 + flp;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Checks FLP 0's STFs (Python's randbytes) in every TF file under `sink`.
+const CHECK_PY: &str = r#"
+import glob, random, sys
+sys.path.insert(0, sys.argv[2])
+import fanin_tfs
+n = 0
+for p in sorted(glob.glob(sys.argv[1] + "/*.fanin")):
+    with open(p, "rb") as f:
+        for tf in fanin_tfs.read_tfs(f):
+            s = [s for s in tf.stfs if s.flp_id == 0][0]
+            assert s.data == random.Random(tf.tf_id * 1000).randbytes(len(s.data)), tf.tf_id
+            n += 1
+print(n)
+"#;
+
+#[test]
+fn the_c_and_python_readout_examples_feed_their_flps_byte_for_byte() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (tfs, size, sink) = (200u64, 20_000usize, dir.join("tfs"));
+    let root = repo_root();
+    let readout_c = dir.join("readout");
+    run_ok(
+        std::process::Command::new("cc")
+            .args(["-O2", "-I"])
+            .arg(root.join("examples/shm"))
+            .arg("-o")
+            .arg(&readout_c)
+            .arg(root.join("examples/shm/readout.c")),
+    );
+    let ring = |f: u32| format!("fanin-ex{}-{f}", std::process::id());
+    let (n, sz) = (tfs.to_string(), size.to_string());
+    let mut py = Proc::spawn(
+        "python read-out",
+        std::process::Command::new("python3")
+            .arg(root.join("examples/python/readout.py"))
+            .args([&ring(0), &n, &sz, "0"]),
+    );
+    let mut c = Proc::spawn(
+        "C read-out",
+        std::process::Command::new(&readout_c).args([&ring(1), &n, &sz, "1"]),
+    );
+    for f in 0..2 {
+        let path = Path::new("/dev/shm").join(ring(f));
+        let t0 = std::time::Instant::now();
+        while !path.exists() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "no ring {}",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let icn = start_icn(dir, &config(tfs), "127.0.0.1:0");
+    let _epns = epns(dir, &icn, &sink);
+    let _flps: Vec<Proc> = (0..2)
+        .map(|f| {
+            spawn_flp_with(
+                dir,
+                icn.control,
+                f,
+                &["--source", &format!("shm:{}", ring(f))],
+            )
+        })
+        .collect();
+    all_completed(icn, tfs);
+    assert!(
+        py.wait(30).success() && c.wait(30).success(),
+        "read-outs end once freed"
+    );
+    let mut seen = 0;
+    for e in std::fs::read_dir(&sink).unwrap() {
+        for r in records(&e.unwrap().path()) {
+            let (h, p) = (r.stfs[1].0, &r.payloads[1]);
+            assert_eq!(h.flp_id, 1);
+            assert!(
+                *p == splitmix_payload(1, r.header.tf_id, size),
+                "TF {}",
+                r.header.tf_id
+            );
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, tfs);
+    let out = run_ok(
+        std::process::Command::new("python3")
+            .args(["-c", CHECK_PY])
+            .arg(&sink)
+            .arg(root.join("examples/python")),
+    );
+    assert_eq!(out.trim(), tfs.to_string(), "FLP 0's bytes are Python's");
+}

@@ -22,6 +22,9 @@ pub enum BenchCmd {
     /// EPN sinks: file writer vs dd, exec pipe vs build-and-discard, and the EPN's CPU
     /// per TF handing TFs to a plug-in vs an exec pipe.
     Sink(crate::bench_sink::SinkBenchArgs),
+    /// STF sources: the shared-memory ring against the synthetic source (goodput, FLP
+    /// CPU per GB), and the on-data scheduling delay at 1 and 10 kHz.
+    Source(crate::bench_source::SourceBenchArgs),
     /// A node's metrics: CPU per scrape with and without host metrics, and its share of
     /// one core at a 1 s scrape interval.
     Metrics(crate::bench_metrics::MetricsBenchArgs),
@@ -125,6 +128,7 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Sim(a) => sim_speed(a),
         BenchCmd::Flow(a) => flow_speed(a),
         BenchCmd::Sink(a) => crate::bench_sink::run(a).await,
+        BenchCmd::Source(a) => crate::bench_source::run(a).await,
         BenchCmd::Metrics(a) => crate::bench_metrics::run(a),
     }
 }

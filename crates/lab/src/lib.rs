@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod bench_metrics;
 pub mod bench_sink;
+pub mod bench_source;
 pub mod cluster;
 pub mod ctl;
 pub mod experiment;

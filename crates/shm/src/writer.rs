@@ -74,20 +74,27 @@ impl Writer {
     /// Writes one STF. `wait`: wait until the FLP frees the slot (false: answer
     /// `Ok(false)` at once when it is not free). TF ids must grow.
     pub fn write(&mut self, tf_id: u64, data: &[u8], wait: bool) -> Result<bool, RingError> {
+        let len = data.len() as u64;
+        self.write_with(tf_id, len, wait, |slot| slot.copy_from_slice(data))
+    }
+
+    /// Writes one STF of `len` bytes in place: `fill` gets the slot's first `len` bytes
+    /// (what a DMA engine would have written there; they hold what the slot held before).
+    pub fn write_with(
+        &mut self,
+        tf_id: u64,
+        len: u64,
+        wait: bool,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, RingError> {
         let bad = |field, what: String| RingError::Bad {
             path: self.ring.path.clone(),
             field,
             what,
         };
-        if data.len() as u64 > self.ring.slot_size {
-            return Err(bad(
-                "size",
-                format!(
-                    "{} bytes is over the slot size {}",
-                    data.len(),
-                    self.ring.slot_size
-                ),
-            ));
+        if len > self.ring.slot_size {
+            let what = format!("{len} bytes is over the slot size {}", self.ring.slot_size);
+            return Err(bad("size", what));
         }
         if self.last_tf.is_some_and(|t| tf_id <= t) {
             return Err(bad(
@@ -104,11 +111,12 @@ impl Writer {
         }
         let r = &self.ring;
         r.state(slot).store(WRITING, Ordering::Relaxed);
-        // SAFETY: the slot is FREE, so no reader looks at its payload; it holds slot_size bytes.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), r.payload_ptr(slot), data.len()) };
+        // SAFETY: the slot is WRITING, so no reader looks at its payload, and it holds
+        // slot_size >= len bytes.
+        fill(unsafe { std::slice::from_raw_parts_mut(r.payload_ptr(slot), len as usize) });
         r.seq(slot).store(self.seq, Ordering::Relaxed);
         r.tf_id(slot).store(tf_id, Ordering::Relaxed);
-        r.size(slot).store(data.len() as u64, Ordering::Relaxed);
+        r.size(slot).store(len, Ordering::Relaxed);
         r.state(slot).store(READY, Ordering::Release);
         self.seq += 1;
         r.write_seq().store(self.seq, Ordering::Release);

@@ -50,6 +50,8 @@ pub enum Input {
     Produced(StfInfo),
     /// On-data: announce what was produced since the last flush.
     Flush,
+    /// On-data: the source ended (`ok`) or failed: announce the rest, then tell the ICN.
+    SourceEnded { ok: bool, detail: String },
 }
 
 /// What the FLP asks its shell to do, in order.
@@ -178,6 +180,10 @@ impl FlpCore {
             }
             Input::Produced(stf) => self.produced(stf),
             Input::Flush => self.flush_announce(),
+            Input::SourceEnded { ok, detail } => {
+                self.flush_announce();
+                self.send(Message::SourceEnded { ok, detail });
+            }
         }
         debug_assert!(self.budget.used() <= self.budget.limit());
         debug_assert!(

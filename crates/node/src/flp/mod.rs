@@ -135,6 +135,7 @@ async fn run_once(
         source_live: false,
         held: false,
         store: HashMap::new(),
+        delay: ScheduleDelay::default(),
     };
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
@@ -212,6 +213,38 @@ struct Shell {
     held: bool,
     /// The payloads of the STFs the core holds, with their CRCs.
     store: HashMap<TfId, (Payload, Option<u32>)>,
+    delay: ScheduleDelay,
+}
+
+/// On-data: from an STF's announcement to its TF's Assign arriving here (the ICN's
+/// scheduling and one control round trip), reported in the run-end counters.
+#[derive(Default)]
+struct ScheduleDelay {
+    announced: HashMap<TfId, std::time::Instant>,
+    us: Option<hdrhistogram::Histogram<u64>>,
+}
+
+impl ScheduleDelay {
+    fn announced(&mut self, tf: TfId) {
+        self.announced.insert(tf, std::time::Instant::now());
+    }
+
+    fn assigned(&mut self, tf: TfId) {
+        if let Some(t) = self.announced.remove(&tf) {
+            let h = self.us.get_or_insert_with(|| {
+                hdrhistogram::Histogram::new_with_bounds(1, 60_000_000, 3).expect("bounds")
+            });
+            let _ = h.record((t.elapsed().as_micros() as u64).clamp(1, 60_000_000));
+        }
+    }
+
+    fn report(&self, metrics: &Metrics) {
+        if let Some(h) = &self.us {
+            metrics.set_event_total("schedule_delay_p50_us", h.value_at_quantile(0.5));
+            metrics.set_event_total("schedule_delay_p99_us", h.value_at_quantile(0.99));
+            metrics.set_event_total("schedule_delay_count", h.len());
+        }
+    }
 }
 
 type Connected = (EpnId, anyhow::Result<TcpStream>);
@@ -275,13 +308,13 @@ impl Shell {
                 Some((job, ok)) = done.recv() => Input::Sent { job, ok },
                 Some((epn, res)) = conns.recv() => self.connected(epn, res),
                 _ = heartbeat.tick() => Input::Heartbeat,
-                ev = next_stf(self.source.as_mut(), room), if taking => {
-                    self.take_stfs(ev, &ctl, &conn_tx).await;
-                    Input::Flush
-                }
+                ev = next_stf(self.source.as_mut(), room), if taking => self.take_stfs(ev),
             };
             if !matches!(input, Input::Flush | Input::Heartbeat) {
                 self.held = false; // room may have been freed: ask the source again
+            }
+            if let Input::Control(Message::Assign { tf_id, .. }) = &input {
+                self.delay.assigned(*tf_id);
             }
             if let Input::Control(Message::RunStart { run_id }) = &input {
                 tracing::info!("FLP {me}: run {run_id} started");
@@ -293,6 +326,7 @@ impl Shell {
             if self.feed(input, &ctl, &conn_tx).await {
                 tracing::info!("FLP {me}: run stopping; flushing send queues");
                 self.flush(&mut done, &ctl, &conn_tx).await;
+                self.delay.report(metrics);
                 drop(reader);
                 return Ok(leave(ctl, writer, me, Role::Flp, metrics).await?);
             }
@@ -329,6 +363,7 @@ impl Shell {
                     Action::Stop => stopped = true,
                     Action::Free(tf) => {
                         self.store.remove(&tf);
+                        self.delay.announced.remove(&tf);
                         if let Some(s) = self.source.as_mut() {
                             s.free(tf);
                         }
@@ -352,31 +387,26 @@ impl Shell {
     }
 
     /// Takes an STF from the source, and every other one ready at once (up to a
-    /// frame's worth), into the core; an end or a failure goes to the ICN.
-    async fn take_stfs(
-        &mut self,
-        first: Result<Event, SourceError>,
-        ctl: &mpsc::Sender<Message>,
-        conn_tx: &mpsc::Sender<Connected>,
-    ) {
+    /// frame's worth), into the core; then what to feed: the announcement, or the
+    /// source's end (after the announcement).
+    fn take_stfs(&mut self, first: Result<Event, SourceError>) -> Input {
         let mut ev = Some(first);
         for _ in 0..ANNOUNCE_BATCH {
             let Some(e) = ev.take() else { break };
-            if !self.source_event(e, ctl).await {
+            if let Some(end) = self.source_event(e) {
+                return end;
+            }
+            if self.held {
                 break;
             }
             let room = self.core.room();
             ev = poll_now(next_stf(self.source.as_mut(), room));
         }
-        let _ = conn_tx; // actions of Produced are control frames only
+        Input::Flush
     }
 
-    /// One source event; true when an STF was taken.
-    async fn source_event(
-        &mut self,
-        ev: Result<Event, SourceError>,
-        ctl: &mpsc::Sender<Message>,
-    ) -> bool {
+    /// One source event: None when it was an STF (taken) or a hold, else its end.
+    fn source_event(&mut self, ev: Result<Event, SourceError>) -> Option<Input> {
         let me = self.ctx.me;
         let (ok, detail) = match ev {
             Ok(Event::Stf(p)) => {
@@ -391,12 +421,13 @@ impl Shell {
                     .filter(|_| self.ctx.crc)
                     .map(crc32c::crc32c);
                 self.store.insert(p.info.tf_id, (p.payload, crc));
+                self.delay.announced(p.info.tf_id);
                 self.core.handle(Input::Produced(p.info));
-                return true;
+                return None;
             }
             Ok(Event::Held(size)) => {
                 self.held = !self.core.has_room(size);
-                return false;
+                return None;
             }
             Ok(Event::Ended(why)) => (true, why),
             Err(SourceError(line)) => {
@@ -407,9 +438,7 @@ impl Shell {
         };
         tracing::info!("FLP {me}: source ended: {detail}");
         self.source_live = false;
-        self.core.handle(Input::Flush);
-        let _ = ctl.send(Message::SourceEnded { ok, detail }).await;
-        false
+        Some(Input::SourceEnded { ok, detail })
     }
 
     fn connected(&mut self, epn: EpnId, res: anyhow::Result<TcpStream>) -> Input {
