@@ -169,6 +169,7 @@ fn bench_source_prints_the_ring_against_synthetic_and_the_scheduling_delay() {
     let dir = tempfile::tempdir().unwrap();
     let out = fanin()
         .args(["bench", "source", "--seconds", "1", "--stf-size", "1MiB"])
+        .args(["--rates", "100,200"]) // a debug build, on a busy machine
         .arg("--results")
         .arg(dir.path())
         .output()
@@ -193,7 +194,7 @@ fn bench_source_prints_the_ring_against_synthetic_and_the_scheduling_delay() {
     );
     let c = nums("FLP CPU");
     assert!(c[0] > 0.0 && c[1] > 0.0, "{stdout}");
-    for rate in ["1000 Hz", "10000 Hz"] {
+    for rate in ["  100 Hz", "  200 Hz"] {
         let row = stdout.lines().find(|l| l.contains(rate)).expect(&stdout);
         let n: Vec<f64> = row
             .split_whitespace()

@@ -22,6 +22,9 @@ pub struct SourceBenchArgs {
     /// STF size of the goodput cases (one FLP, one EPN, unthrottled).
     #[arg(long, default_value = "4MiB")]
     pub stf_size: String,
+    /// TF rates (Hz) of the scheduling-delay cases.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub rates: Vec<f64>,
     /// Where the runs go.
     #[arg(long, default_value = "results")]
     pub results: PathBuf,
@@ -35,6 +38,12 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
         "--stf-size must be within 1 B..=1 GiB"
     );
     anyhow::ensure!(a.seconds > 0.0, "--seconds must be positive");
+    anyhow::ensure!(
+        a.rates
+            .iter()
+            .all(|r| r.is_finite() && (1.0..=1e6).contains(r)),
+        "--rates must be within 1..=1000000 Hz"
+    );
     let root = a
         .results
         .join(format!("{}-bench-source", fanin_report::timestamp()));
@@ -70,7 +79,7 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
             c_syn / c_shm.max(1e-9)
         ),
     ];
-    for rate in [1000.0, 10_000.0] {
+    for &rate in &a.rates {
         let s = case(
             &root,
             &format!("delay-{rate}"),
