@@ -13,13 +13,14 @@ if sys.byteorder != "little":
 HEADER_LEN = 4096
 ENTRY_LEN = 64
 MAX_SLOT_SIZE = 1 << 30
+MAX_SLOTS = 1 << 20  # the FLP's limit (crates/shm)
 FREE, WRITING, READY = 0, 1, 2
 MAGIC = int.from_bytes(b"FANINSHM", "little")
 NAP_S = 50e-6
 
 
 class Writer:
-    """A new ring /dev/shm/NAME (FileExistsError if it exists) of `slots` slots of
+    """A new ring /dev/shm/NAME (FileExistsError if it exists) of 1..2**20 slots of
     `slot_size` payload bytes (a multiple of 4096, <= 1 GiB).
 
     Every field is one aligned native store through a 32- or 64-bit view of the mapping,
@@ -30,8 +31,9 @@ class Writer:
     def __init__(self, name, slots, slot_size):
         if not name or "/" in name:
             raise ValueError(f"bad ring name {name!r}")
-        if slots < 1 or slot_size <= 0 or slot_size % 4096 or slot_size > MAX_SLOT_SIZE:
-            raise ValueError(f"{slots} slots of {slot_size} bytes: need >= 1 slot of a "
+        ok = 1 <= slots <= MAX_SLOTS and 0 < slot_size <= MAX_SLOT_SIZE and slot_size % 4096 == 0
+        if not ok:
+            raise ValueError(f"{slots} slots of {slot_size} bytes: need 1..2**20 slots of a "
                              "multiple of 4096 bytes, <= 1 GiB")
         self.path, self.slots, self.slot_size = "/dev/shm/" + name, slots, slot_size
         self._payloads = HEADER_LEN + -(-ENTRY_LEN * slots // 4096) * 4096

@@ -21,6 +21,7 @@
 
 #define FANIN_SHM_HEADER_LEN 4096u
 #define FANIN_SHM_MAX_SLOT_SIZE (UINT64_C(1) << 30)
+#define FANIN_SHM_MAX_SLOTS (UINT64_C(1) << 20) /* the FLP's limit (crates/shm) */
 enum { FANIN_SHM_FREE = 0, FANIN_SHM_WRITING = 1, FANIN_SHM_READY = 2 };
 
 struct fanin_shm_header {  /* at offset 0 of the file; zero up to 4096 */
@@ -61,7 +62,7 @@ static inline void fanin_shm_nap_(void) {
     nanosleep(&ts, NULL);
 }
 
-/* Creates /dev/shm/NAME (-EEXIST if it exists) with `slots` >= 1 slots of `slot_size`
+/* Creates /dev/shm/NAME (-EEXIST if it exists) with 1..2^20 slots of `slot_size`
  * payload bytes (a multiple of 4096, <= 1 GiB), all FREE. Its memory is reserved
  * here: a full /dev/shm gives -ENOSPC now rather than SIGBUS at a write. */
 static inline int fanin_shm_create(struct fanin_shm *r, const char *name, uint64_t slots,
@@ -69,9 +70,9 @@ static inline int fanin_shm_create(struct fanin_shm *r, const char *name, uint64
     size_t n = strlen(name);
     if (n == 0 || strchr(name, '/')) return -EINVAL;
     if (n + 2 > sizeof r->name) return -ENAMETOOLONG;
-    if (slots == 0 || slot_size == 0 || slot_size % 4096 || slot_size > FANIN_SHM_MAX_SLOT_SIZE)
+    if (slots == 0 || slots > FANIN_SHM_MAX_SLOTS || slot_size == 0 || slot_size % 4096 ||
+        slot_size > FANIN_SHM_MAX_SLOT_SIZE)
         return -EINVAL;
-    if (slots > (UINT64_C(1) << 62) / slot_size) return -EFBIG;
     r->name[0] = '/';
     memcpy(r->name + 1, name, n + 1);
     r->slots = slots;

@@ -39,15 +39,16 @@ impl Reader {
         let ring = Arc::new(Mapping::map(&file, &path)?);
         ring.reader_pid()
             .store(std::process::id() as u64, Ordering::Release);
+        // What was written before this moment is READY or freed; what the writer adds
+        // while the slots are scanned comes from `next_seq` on, in order. (Taking the
+        // highest READY seq instead could skip one written during the scan.)
+        let next_seq = ring.write_seq().load(Ordering::Acquire);
         let mut backlog: Vec<Slot> = (0..ring.slots)
             .filter(|&i| ring.state(i).load(Ordering::Acquire) == READY)
             .map(|i| slot(&ring, i))
+            .filter(|s| s.seq < next_seq)
             .collect();
         backlog.sort_by_key(|s| s.seq);
-        let next_seq = match backlog.last() {
-            Some(s) => s.seq + 1,
-            None => ring.write_seq().load(Ordering::Acquire),
-        };
         let r = Reader {
             ring,
             backlog: backlog.into(),
