@@ -2,7 +2,7 @@
 //! every TF accounted, the same seed gives the same result, failures and full buffers.
 
 use fanin_sched::PolicyKind;
-use fanin_sim::flow::alice::{run, AliceConfig};
+use fanin_sim::flow::alice::{run, AliceConfig, SimSchedule};
 
 fn small(policy: PolicyKind) -> AliceConfig {
     AliceConfig {
@@ -132,4 +132,38 @@ fn one_representative_flp_gives_the_per_stf_result() {
     let mut c = small(PolicyKind::RoundRobin);
     c.stf_size = Some("uniform(1000,2000)".into());
     assert!(run(&c).unwrap_err().0.contains("aggregate = false"));
+}
+
+/// Least-loaded on small buffers with TF sizes that swing: the timer places each TF
+/// with the model's mean (all it can know before the data exist), on-data with its size.
+fn swinging(schedule: SimSchedule) -> AliceConfig {
+    AliceConfig {
+        stf_size: Some("sine(12500000,10000000,7)".into()),
+        epn_buffer_gb: 0.6,
+        processing: "fixed(4)".into(),
+        readout_ms: 5.0,
+        announce_us: 200.0,
+        schedule,
+        ..small(PolicyKind::LeastLoaded)
+    }
+}
+
+#[test]
+fn on_data_scheduling_knows_the_size_and_pays_the_announcement() {
+    let timer = run(&swinging(SimSchedule::Timer)).unwrap();
+    let on_data = run(&swinging(SimSchedule::OnData)).unwrap();
+    for s in [&timer, &on_data] {
+        assert!(s.invariant_ok && s.issued == 200, "{s:?}");
+    }
+    // Placed with the mean, the large TFs overflow the EPN least-loaded chose.
+    assert!(timer.dropped_for("epn_buffer_full") > 0, "{timer:?}");
+    assert_eq!(on_data.dropped, 0, "{on_data:?}");
+    assert_eq!(on_data.completed, 200, "{on_data:?}");
+    // Both wait for the read-out; on-data also for the announcement (200 µs).
+    assert!(timer.latency_p50_s > 0.0);
+    let extra = on_data.latency_mean_s - timer.latency_mean_s;
+    assert!(extra > 0.0, "timer {timer:?}\non-data {on_data:?}");
+    // Same seed, same output.
+    let again = run(&swinging(SimSchedule::OnData)).unwrap();
+    assert_eq!(format!("{again:?}"), format!("{on_data:?}"));
 }

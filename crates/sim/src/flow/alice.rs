@@ -32,6 +32,15 @@ pub struct AliceConfig {
     pub epn_nic_gbps: Option<f64>,
     /// STF size model from `crates/sched` (bytes); default: fixed, flp_gbps / tf_rate_hz.
     pub stf_size: Option<String>,
+    /// `timer`: the ICN places TF n at its time n / rate with the size model's mean (it
+    /// cannot know a real TF's size before the data exist); `on-data`: once every FLP's
+    /// STF is read out and its announcement reached the ICN, with the exact size.
+    pub schedule: SimSchedule,
+    /// Read-out: the STF of FLP f for TF n is ready uniform(0, readout_ms) after the TF's
+    /// time; a TF's STFs are sent once all are ready (both schedules).
+    pub readout_ms: f64,
+    /// On-data: an announcement's way from the FLP to the ICN, µs.
+    pub announce_us: f64,
     pub policy: PolicyKind,
     /// `weighted-round-robin`: weight of EPN i, as the runtime's `epn_weights` (default:
     /// capacity weights, 10 for a normal EPN and 10 / slow_factor for a slow one).
@@ -79,6 +88,9 @@ impl Default for AliceConfig {
             flp_nic_gbps: None,
             epn_nic_gbps: None,
             stf_size: None,
+            schedule: SimSchedule::Timer,
+            readout_ms: 0.0,
+            announce_us: 50.0,
             policy: PolicyKind::RoundRobin,
             epn_weights: Vec::new(),
             least_loaded: LeastLoadedConfig::default(),
@@ -97,6 +109,15 @@ impl Default for AliceConfig {
             seed: 1,
         }
     }
+}
+
+/// When a TF is placed (the runtime's `schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimSchedule {
+    #[default]
+    Timer,
+    OnData,
 }
 
 /// The figures a run uses after the preset is applied.
@@ -193,6 +214,8 @@ impl AliceConfig {
             ("mtbf_s", self.mtbf_s),
             ("mttr_s", self.mttr_s),
             ("recompute_ms", self.recompute_ms),
+            ("readout_ms", self.readout_ms),
+            ("announce_us", self.announce_us),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{n} = {v}: must be zero or positive").into());
@@ -277,10 +300,18 @@ impl AliceSummary {
 #[derive(Debug, Clone, Copy)]
 enum Ev {
     Issue(u64),
+    /// On-data: TF n's last announcement reached the ICN.
+    Place(u64),
+    /// TF n's STFs are all read out: its transfers start (if it has an EPN).
+    Ready(u64),
     Resolve,
     Finish,
     Timeout(u64),
-    ProcDone { epn: u32, tf: u64, epoch: u32 },
+    ProcDone {
+        epn: u32,
+        tf: u64,
+        epoch: u32,
+    },
     Fail(u32),
     Return(u32),
 }
@@ -288,6 +319,8 @@ enum Ev {
 struct Tf {
     epn: u32,
     issued: Time,
+    /// When its last STF is read out.
+    ready: Time,
     bytes: f64,
     /// STF sizes, kept until the TF is placed.
     sizes: Vec<f64>,
@@ -384,9 +417,9 @@ impl Sim<'_> {
         }
     }
 
-    /// Starts the STF transfers of TF `n` to EPN `e`, or drops it if `e` cannot hold it.
+    /// Reserves TF `n` on EPN `e` (or drops it if `e` cannot hold it) and starts its
+    /// transfers once its STFs are read out.
     fn start_tf(&mut self, n: u64, e: u32, now: Time) -> Result<(), crate::ConfigError> {
-        let sizes = std::mem::take(&mut self.tfs[n as usize].sizes);
         let bytes = self.tfs[n as usize].bytes;
         self.tfs[n as usize].epn = e;
         let ep = &mut self.epns[e as usize];
@@ -397,6 +430,19 @@ impl Sim<'_> {
         let used = ep.used + bytes;
         ep.set(now, used);
         ep.receiving += 1;
+        let ready = self.tfs[n as usize].ready;
+        if ready > now {
+            self.q.at(ready, Ev::Ready(n));
+            self.report(e);
+            return Ok(());
+        }
+        self.send_tf(n, now)
+    }
+
+    /// Starts the STF transfers of TF `n` to its EPN.
+    fn send_tf(&mut self, n: u64, now: Time) -> Result<(), crate::ConfigError> {
+        let sizes = std::mem::take(&mut self.tfs[n as usize].sizes);
+        let e = self.tfs[n as usize].epn;
         if self.agg && sizes.iter().any(|&b| b != sizes[0]) {
             return Err(
                 format!("TF {n}: STF sizes differ between FLPs; set aggregate = false").into(),
@@ -431,6 +477,16 @@ impl Sim<'_> {
             self.built(n, now);
         }
         self.report(e);
+        Ok(())
+    }
+
+    /// A new TF to the policy: assigned, waiting, or dropped.
+    fn place_new(&mut self, n: u64, bytes: u64, now: Time) -> Result<(), crate::ConfigError> {
+        match self.placer.issue(n, bytes) {
+            Placed::Assigned(e) => self.start_tf(n, e, now)?,
+            Placed::Dropped(r) => self.tfs[n as usize].end = Some(End::Dropped(r.name())),
+            Placed::Waiting => self.waited += 1,
+        }
         Ok(())
     }
 
@@ -592,22 +648,39 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
                     .collect();
                 let bytes: f64 = sizes.iter().sum();
                 stf_bytes_total += bytes;
+                let ready = t + readout(cfg, scale.flps, n);
                 sim.tfs.push(Tf {
                     epn: u32::MAX,
                     issued: t,
+                    ready,
                     bytes,
                     sizes,
                     flows: Vec::new(),
                     left: 0,
                     end: None,
                 });
-                let bytes = sim.tfs[n as usize].bytes.round() as u64;
-                match sim.placer.issue(n, bytes) {
-                    Placed::Assigned(e) => sim.start_tf(n, e, t)?,
-                    Placed::Dropped(r) => sim.tfs[n as usize].end = Some(End::Dropped(r.name())),
-                    Placed::Waiting => sim.waited += 1,
+                match cfg.schedule {
+                    // The size the ICN can know before the data exist: the model's mean.
+                    SimSchedule::Timer => {
+                        let guess = (size.mean() * scale.flps as f64).round() as u64;
+                        sim.place_new(n, guess, t)?;
+                    }
+                    SimSchedule::OnData => {
+                        let heard = ready + secs(cfg.announce_us / 1e6);
+                        sim.q.at(heard, Ev::Place(n));
+                    }
                 }
                 peak_flows = peak_flows.max(sim.net.active().len());
+            }
+            Ev::Place(n) => {
+                let bytes = sim.tfs[n as usize].bytes.round() as u64;
+                sim.place_new(n, bytes, t)?;
+            }
+            Ev::Ready(n) => {
+                let tf = &sim.tfs[n as usize];
+                if tf.end.is_none() && tf.epn != u32::MAX && tf.flows.is_empty() {
+                    sim.send_tf(n, t)?;
+                }
             }
             Ev::Resolve => {
                 if resolve_at == Some(t) {
@@ -780,6 +853,18 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
         peak_flows,
         aggregated: agg,
     })
+}
+
+/// How long after its time TF `n`'s last STF is read out: the largest of the FLPs'
+/// uniform(0, readout_ms) delays, drawn from (seed, n) alone (order-independent).
+fn readout(cfg: &AliceConfig, flps: u32, n: u64) -> Time {
+    if cfg.readout_ms <= 0.0 {
+        return 0;
+    }
+    let mut rng =
+        rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let last = (0..flps).map(|_| rng.gen::<f64>()).fold(0.0, f64::max);
+    secs(last * cfg.readout_ms / 1e3)
 }
 
 /// The run's policy with its parameters, as the runtime configures it.
