@@ -242,7 +242,7 @@ fn a_malformed_stf_fails_its_source_and_the_tfs_end_with_their_reason() {
     assert_eq!((u(&s, "issued"), u(&s, "dropped")), (40, 40), "{s}");
     assert_eq!(s["dropped_by_reason"]["stf_stale"], 40, "{s}");
     let text = s.to_string();
-    let want = "FLP 0: source failed: FLP 0: source exec:printf FSTX00000000000000000000: STF frame 0: magic: 0x58545346 is not FSTF";
+    let want = "source failed: FLP 0: source exec:printf FSTX00000000000000000000: STF frame 0: magic: 0x58545346 is not FSTF";
     assert!(text.contains(want), "{text}");
 }
 

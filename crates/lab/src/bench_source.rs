@@ -14,6 +14,9 @@ use fanin_node::RunConfig;
 
 use crate::node_plan::{NodePlan, SourceEntry};
 
+/// The FLP's send buffer in every case (and the ring's size).
+const FLP_BUFFER: u64 = 256 << 20;
+
 #[derive(Args)]
 pub struct SourceBenchArgs {
     /// Seconds per case.
@@ -34,8 +37,8 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
     let stf =
         fanin_sched::parse_bytes(&a.stf_size).map_err(|e| anyhow::anyhow!("--stf-size: {e}"))?;
     anyhow::ensure!(
-        (1..=fanin_shm::MAX_SLOT_SIZE).contains(&stf),
-        "--stf-size must be within 1 B..=1 GiB"
+        (1..=FLP_BUFFER / 2).contains(&stf),
+        "--stf-size must be within 1 B..=128 MiB (two fit the FLP's 256 MiB buffer)"
     );
     anyhow::ensure!(a.seconds > 0.0, "--seconds must be positive");
     anyhow::ensure!(
@@ -94,9 +97,10 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `f` while a read-out thread fills a fresh ring (8 slots of the STF size) as
-/// fast as the FLP frees it; the payload is written once per slot, then the slots are
-/// committed in place, as a DMA read-out would (its copy is not the FLP's cost).
+/// Runs `f` while a read-out thread fills a fresh ring as fast as the FLP frees it: as
+/// many slots of the STF size as the FLP's send buffer holds STFs (the synthetic source
+/// may have as many in flight). The payload is written once per slot, then the slots
+/// are committed in place, as a DMA read-out would (its copy is not the FLP's cost).
 async fn with_ring<F, Fut>(stf: u64, f: F) -> anyhow::Result<Summary>
 where
     F: FnOnce(String) -> Fut,
@@ -104,14 +108,15 @@ where
 {
     let name = format!("fanin-bench-{}", std::process::id());
     let slot = stf.div_ceil(4096) * 4096;
-    let mut w = fanin_shm::Writer::create(&name, 8, slot)?;
+    let slots = (FLP_BUFFER / slot).clamp(2, 4096);
+    let mut w = fanin_shm::Writer::create(&name, slots, slot)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let readout = std::thread::spawn(move || {
         let mut tf = 0u64;
         while !stop2.load(Ordering::Relaxed) {
             let fill = |b: &mut [u8]| {
-                if tf < 8 {
+                if tf < slots {
                     b.iter_mut()
                         .enumerate()
                         .for_each(|(i, x)| *x = (i * 31) as u8);
@@ -119,7 +124,7 @@ where
             };
             match w.write_with(tf, stf, false, fill) {
                 Ok(true) => tf += 1,
-                Ok(false) => std::thread::sleep(std::time::Duration::from_micros(50)),
+                Ok(false) => std::thread::sleep(std::time::Duration::from_millis(1)),
                 Err(e) => return Err(e),
             }
         }
@@ -145,7 +150,7 @@ fn goodput_config(a: &SourceBenchArgs) -> RunConfig {
         schedule: ScheduleKind::OnData,
         crc: false,
         build_timeout_ms: 10_000,
-        flp_buffer: ByteSize(256 << 20),
+        flp_buffer: ByteSize(FLP_BUFFER),
         epn_buffer: ByteSize(1 << 30),
         ..RunConfig::default()
     }

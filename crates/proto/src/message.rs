@@ -428,6 +428,9 @@ pub enum Message {
     },
     RunStart {
         run_id: u64,
+        /// Microseconds since the run started (0 at its start; a node that joins
+        /// mid-run learns how far it is: a source's clock starts there).
+        elapsed_us: u64,
     },
     Assign {
         tf_id: u64,
@@ -574,7 +577,11 @@ impl Message {
                 w.u32(*node_id);
                 w.u32(*connected);
             }
-            Message::RunStart { run_id } | Message::RunStop { run_id } => w.u64(*run_id),
+            Message::RunStart { run_id, elapsed_us } => {
+                w.u64(*run_id);
+                w.u64(*elapsed_us);
+            }
+            Message::RunStop { run_id } => w.u64(*run_id),
             Message::Assign { tf_id, epn_id } => {
                 w.u64(*tf_id);
                 w.u32(*epn_id);
@@ -747,6 +754,7 @@ impl Message {
             },
             7 => Message::RunStart {
                 run_id: r.u64("run_start.run_id")?,
+                elapsed_us: r.u64("run_start.elapsed_us")?,
             },
             8 => Message::Assign {
                 tf_id: r.u64("assign.tf_id")?,

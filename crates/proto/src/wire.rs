@@ -61,7 +61,6 @@ impl<'a> Reader<'a> {
         Ok(a)
     }
 
-    /// A string: u16 length, then UTF-8 bytes.
     /// A `u8` that must be 0 (false) or 1 (true).
     pub fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
         match self.u8(what)? {
@@ -74,6 +73,7 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A string: u16 length, then UTF-8 bytes.
     pub fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
         let len = self.u16(what)? as usize;
         if len > MAX_STR {

@@ -68,7 +68,10 @@ fn samples() -> Vec<Message> {
             node_id: 1,
             connected: 6,
         },
-        Message::RunStart { run_id: 3 },
+        Message::RunStart {
+            run_id: 3,
+            elapsed_us: 1_500_000,
+        },
         Message::Assign {
             tf_id: u64::MAX,
             epn_id: u32::MAX,
@@ -177,11 +180,19 @@ fn every_truncation_is_an_error() {
 
 #[test]
 fn wrong_version_and_unknown_type_are_named() {
-    let mut b = Message::RunStart { run_id: 1 }.encode();
+    let mut b = Message::RunStart {
+        run_id: 1,
+        elapsed_us: 0,
+    }
+    .encode();
     b[4] = 9;
     let e = Message::decode_frame(&b, 1024).unwrap_err();
     assert!(e.to_string().contains("version 9"), "{e}");
-    let mut b = Message::RunStart { run_id: 1 }.encode();
+    let mut b = Message::RunStart {
+        run_id: 1,
+        elapsed_us: 0,
+    }
+    .encode();
     b[5] = 200;
     assert_eq!(
         Message::decode_frame(&b, 1024).unwrap_err(),

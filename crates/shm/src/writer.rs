@@ -2,6 +2,7 @@
 //! the FLP freed it (waiting, or answering "full": the caller chooses), closes it.
 
 use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -53,7 +54,13 @@ impl Writer {
             .mode(0o600)
             .open(&path)
             .map_err(io)?;
-        file.set_len(ring_len(slots, slot_size)).map_err(io)?;
+        // Reserved now: a /dev/shm too small fails here, not as a SIGBUS at a write.
+        let len = ring_len(slots, slot_size);
+        let err = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) };
+        if err != 0 {
+            let _ = std::fs::remove_file(&path);
+            return Err(io(std::io::Error::from_raw_os_error(err)));
+        }
         let ring = Mapping::init(&file, &path, slots, slot_size)?;
         Ok(Writer {
             ring,

@@ -274,7 +274,7 @@ impl<P> EpnCore<P> {
                     self.abandoned.insert(tf_id);
                 }
             }
-            Message::RunStart { run_id } => tracing::info!("EPN {me}: run {run_id} started"),
+            Message::RunStart { run_id, .. } => tracing::info!("EPN {me}: run {run_id} started"),
             Message::RunState { state, run_number } => {
                 self.metrics.set_run_state(state, run_number)
             }

@@ -191,7 +191,13 @@ impl FlpCore {
         );
     }
 
-    /// Bytes the send buffer can take for a source's next STF (0 at the count limit).
+    /// The send buffer's limit: no source STF larger can ever be taken.
+    pub fn limit(&self) -> u64 {
+        self.budget.limit()
+    }
+
+    /// Bytes the send buffer can take for a source's next STF (0 at the count limit;
+    /// with 0, no STF fits, not even an empty one).
     pub fn room(&self) -> u64 {
         if self.kept.len() >= MAX_KEPT {
             return 0;
@@ -202,7 +208,8 @@ impl FlpCore {
     /// On-data: can the send buffer take an STF of `size` bytes now? When it cannot,
     /// the source is held back (visibly: a level and a count per hold), never dropped.
     pub fn has_room(&mut self, size: u64) -> bool {
-        let room = self.kept.len() < MAX_KEPT && self.budget.used() + size <= self.budget.limit();
+        let free = self.room();
+        let room = free > 0 && size <= free;
         if !room && !self.held {
             self.metrics.stf("held", Reason::FlpBufferFull.name(), 1);
         }
@@ -276,11 +283,16 @@ impl FlpCore {
                 self.metrics.set_run_state(state, run_number)
             }
             Message::RunStop { .. } => {
-                // A source's STFs stay with it (a ring's slots stay READY for the next run).
-                for (_, k) in self.kept.drain() {
+                // A source's STFs stay with it (a ring's slots stay READY for the next
+                // run), except those released whose send ends during the flush: freed then.
+                let ending = |k: &Kept| k.released && k.sending > 0;
+                let (send_ends, rest): (Vec<_>, Vec<_>) =
+                    self.kept.drain().partition(|(_, k)| ending(k));
+                for (_, k) in rest {
                     self.budget.release(k.len);
                 }
-                self.flush_announce();
+                self.kept.extend(send_ends);
+                self.announce.clear();
                 self.out.push_back(Action::Stop);
             }
             other => {
@@ -727,6 +739,28 @@ mod tests {
         c.handle(Input::Control(Message::Release { tf_id: 0 }));
         assert_eq!(drain(&mut c), [Action::Free(0)]);
         assert_eq!(c.buffered(), 0);
+    }
+
+    #[test]
+    fn at_run_stop_an_stf_released_while_its_send_ends_is_freed_after_the_send() {
+        let (mut c, _) = on_data(64 * KIB);
+        produce(&mut c, 0, KIB);
+        produce(&mut c, 1, KIB);
+        let j = job(&assign(&mut c, 0, 0));
+        c.handle(Input::Control(Message::Release { tf_id: 0 }));
+        c.handle(Input::Control(Message::RunStop { run_id: 1 }));
+        assert_eq!(drain(&mut c), [Action::Stop], "TF 1 stays with its source");
+        c.handle(Input::Sent { job: j, ok: true });
+        assert_eq!(drain(&mut c), [Action::Free(0)]);
+        assert_eq!(c.buffered(), 0);
+    }
+
+    #[test]
+    fn an_empty_stf_does_not_fit_a_full_buffer() {
+        let (mut c, _) = on_data(KIB);
+        produce(&mut c, 0, KIB);
+        assert_eq!(c.room(), 0);
+        assert!(!c.has_room(0));
     }
 
     #[test]

@@ -316,10 +316,10 @@ impl Shell {
             if let Input::Control(Message::Assign { tf_id, .. }) = &input {
                 self.delay.assigned(*tf_id);
             }
-            if let Input::Control(Message::RunStart { run_id }) = &input {
-                tracing::info!("FLP {me}: run {run_id} started");
+            if let Input::Control(Message::RunStart { run_id, elapsed_us }) = &input {
+                tracing::info!("FLP {me}: run {run_id} started ({elapsed_us} µs ago)");
                 if let Some(s) = self.source.as_mut() {
-                    s.start();
+                    s.start(Duration::from_micros(*elapsed_us));
                     self.source_live = true;
                 }
             }
@@ -379,7 +379,13 @@ impl Shell {
     fn queue(&mut self, job: StfJob) -> bool {
         let (payload, crc) = match self.store.get(&job.tf) {
             Some((p, crc)) => (p.clone(), *crc),
-            None => (Payload::Synthetic, None),
+            None if self.source.is_none() => (Payload::Synthetic, None),
+            None => {
+                // Never the pattern in place of a user's bytes: a failed send.
+                tracing::error!("FLP {}: no payload for TF {}", self.ctx.me, job.tf);
+                self.ctx.metrics.error("payload_missing");
+                return false;
+            }
         };
         let out = Outgoing { job, payload, crc };
         let sent = self.senders.get(&job.epn).map(|tx| tx.try_send(out));
@@ -405,6 +411,12 @@ impl Shell {
         Input::Flush
     }
 
+    fn fail_source(&self, line: String) -> (bool, String) {
+        tracing::error!("{line}");
+        self.ctx.metrics.error("source_failed");
+        (false, line)
+    }
+
     /// One source event: None when it was an STF (taken) or a hold, else its end.
     fn source_event(&mut self, ev: Result<Event, SourceError>) -> Option<Input> {
         let me = self.ctx.me;
@@ -425,16 +437,19 @@ impl Shell {
                 self.core.handle(Input::Produced(p.info));
                 return None;
             }
+            Ok(Event::Held(size)) if size > self.core.limit() => {
+                let limit = self.core.limit();
+                let line = format!(
+                    "FLP {me}: source: an STF of {size} bytes is over --send-buffer {limit}: it can never be sent"
+                );
+                self.fail_source(line)
+            }
             Ok(Event::Held(size)) => {
                 self.held = !self.core.has_room(size);
                 return None;
             }
             Ok(Event::Ended(why)) => (true, why),
-            Err(SourceError(line)) => {
-                tracing::error!("{line}");
-                self.ctx.metrics.error("source_failed");
-                (false, line)
-            }
+            Err(SourceError(line)) => self.fail_source(line),
         };
         tracing::info!("FLP {me}: source ended: {detail}");
         self.source_live = false;

@@ -7,6 +7,7 @@ use bytes::{Buf, BytesMut};
 use fanin_proto::StfInfo;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::Instant;
 
 use super::{Event, Payload, Produced, SourceError, STALL_LIMIT};
 use crate::config::MAX_STF_BYTES;
@@ -21,6 +22,8 @@ pub struct Exec {
     buf: BytesMut,
     /// The header of the frame being read.
     header: Option<StfInfo>,
+    /// Inside a frame: when the command has stalled if no byte came by then.
+    stall_at: Option<Instant>,
     frames: u64,
     last_tf: Option<u64>,
     what: String,
@@ -44,6 +47,7 @@ impl Exec {
             out,
             buf: BytesMut::new(),
             header: None,
+            stall_at: None,
             frames: 0,
             last_tf: None,
             what,
@@ -57,27 +61,37 @@ impl Exec {
         ))
     }
 
-    /// Reads until `buf` holds `want` bytes (never more). False: stdout ended first.
-    /// Inside a frame, no byte for `STALL_LIMIT` is an error.
+    /// Reads until `buf` holds `want` bytes (never more, into memory reserved for
+    /// exactly that). False: stdout ended first. Inside a frame, no byte for
+    /// `STALL_LIMIT` is an error (its deadline outlives this future: the shell drops
+    /// and makes it again many times a second).
     async fn fill(&mut self, want: usize) -> Result<bool, SourceError> {
+        self.buf.reserve(want.saturating_sub(self.buf.len()));
         while self.buf.len() < want {
             let need = (want - self.buf.len()) as u64;
             let quiet_ok = self.buf.is_empty() && self.header.is_none();
+            let stall_at = match quiet_ok {
+                true => None, // between frames a source may be quiet
+                false => Some(
+                    *self
+                        .stall_at
+                        .get_or_insert_with(|| Instant::now() + STALL_LIMIT),
+                ),
+            };
             let mut limited = (&mut self.out).take(need);
             let read = limited.read_buf(&mut self.buf);
-            let n = if quiet_ok {
-                read.await // between frames a source may be quiet
-            } else {
-                match tokio::time::timeout(STALL_LIMIT, read).await {
+            let n = match stall_at {
+                None => read.await,
+                Some(at) => match tokio::time::timeout_at(at, read).await {
                     Ok(r) => r,
                     Err(_) => {
                         return Err(self.err("payload", format!("no byte for {STALL_LIMIT:?}")))
                     }
-                }
+                },
             };
             match n {
                 Ok(0) => return Ok(false),
-                Ok(_) => {}
+                Ok(_) => self.stall_at = Some(Instant::now() + STALL_LIMIT),
                 Err(e) => return Err(self.err("stdout", e.to_string())),
             }
         }
@@ -96,7 +110,8 @@ impl Exec {
                 h
             }
         };
-        if info.size > room {
+        if info.size > room || room == 0 {
+            self.stall_at = None; // the FLP does not read: no stall of the command's
             return Ok(Event::Held(info.size));
         }
         let total = HEADER + info.size as usize;
@@ -109,7 +124,7 @@ impl Exec {
         }
         let mut frame = self.buf.split_to(total);
         frame.advance(HEADER);
-        self.header = None;
+        (self.header, self.stall_at) = (None, None);
         self.frames += 1;
         self.last_tf = Some(info.tf_id);
         Ok(Event::Stf(Produced {

@@ -190,11 +190,12 @@ impl Source {
         }
     }
 
-    /// The run started: clocks that pace a source start now.
-    pub fn start(&mut self) {
+    /// The run started `elapsed` ago (0, or this FLP joins mid-run): the clocks that
+    /// pace a source start there.
+    pub fn start(&mut self, elapsed: Duration) {
         match self {
-            Source::Synthetic(s) => s.start(),
-            Source::Replay(s) => s.start(),
+            Source::Synthetic(s) => s.start(elapsed),
+            Source::Replay(s) => s.start(elapsed),
             Source::Shm(_) | Source::Exec(_) => {}
         }
     }

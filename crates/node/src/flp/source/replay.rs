@@ -1,6 +1,7 @@
 //! The `replay:DIR` source: the STFs of this FLP in TF files an EPN's `file:` sink wrote
 //! (every `*.fanin` in DIR, name order), at a given rate or as fast as room allows.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -31,7 +32,10 @@ pub struct Replay {
     t0: Instant,
     made: u64,
     skipped: u64,
-    last_tf: Option<u64>,
+    /// TFs produced so far: a TF in two files (a killed EPN's file may hold one its
+    /// successor built again) is produced once.
+    seen: HashSet<u64>,
+    duplicates: u64,
     what: String,
 }
 
@@ -59,14 +63,18 @@ impl Replay {
             t0: Instant::now(),
             made: 0,
             skipped: 0,
-            last_tf: None,
+            seen: HashSet::new(),
+            duplicates: 0,
             what,
         })
     }
 
-    /// The pacing clock starts (RunStart).
-    pub fn start(&mut self) {
-        self.t0 = Instant::now();
+    /// The pacing clock started `elapsed` ago (a rejoining FLP catches up: what is
+    /// due already goes at once, and the ICN frees what is over).
+    pub fn start(&mut self, elapsed: Duration) {
+        self.t0 = Instant::now()
+            .checked_sub(elapsed)
+            .unwrap_or_else(Instant::now);
     }
 
     pub async fn next(&mut self, room: u64) -> Result<Event, SourceError> {
@@ -75,19 +83,20 @@ impl Replay {
                 Some(p) => self.pending = Some(p),
                 None => {
                     let what = format!(
-                        "replayed {} STFs ({} TFs without one of FLP {})",
-                        self.made, self.skipped, self.me
+                        "replayed {} STFs ({} TFs without one of FLP {}, {} in two files)",
+                        self.made, self.skipped, self.me, self.duplicates
                     );
                     return Ok(Event::Ended(what));
                 }
             }
         }
         if let Some(r) = self.rate_hz {
-            let at = Duration::from_secs_f64(self.made as f64 / r);
+            // Paced by position in the recording: TFs without this FLP's STF take theirs.
+            let at = Duration::from_secs_f64((self.made + self.skipped) as f64 / r);
             tokio::time::sleep_until(self.t0 + at).await;
         }
         let size = self.pending.as_ref().map_or(0, |(_, b)| b.len() as u64);
-        if size > room {
+        if size > room || room == 0 {
             return Ok(Event::Held(size));
         }
         let (tf_id, bytes) = self.pending.take().expect("pending");
@@ -98,26 +107,27 @@ impl Replay {
         }))
     }
 
-    /// The next STF of this FLP in TF-id order over every file (several EPNs' files
-    /// interleave). Blocking reads of local files; one STF per file is held.
+    /// The next STF of this FLP, the lowest TF id first over every file's next one
+    /// (several EPNs' files interleave; a file in build order need not be in id
+    /// order). Blocking reads of local files; one STF per file is held.
     fn read_next(&mut self) -> Result<Option<(u64, Bytes)>, SourceError> {
-        for i in 0..self.heads.len() {
-            self.fill(i)?;
+        loop {
+            for i in 0..self.heads.len() {
+                self.fill(i)?;
+            }
+            let first = self
+                .heads
+                .iter_mut()
+                .filter(|h| h.next.is_some())
+                .min_by_key(|h| h.next.as_ref().map(|(tf, _)| *tf));
+            let Some((tf, bytes)) = first.and_then(|h| h.next.take()) else {
+                return Ok(None);
+            };
+            if self.seen.insert(tf) {
+                return Ok(Some((tf, bytes)));
+            }
+            self.duplicates += 1;
         }
-        let first = self
-            .heads
-            .iter_mut()
-            .filter(|h| h.next.is_some())
-            .min_by_key(|h| h.next.as_ref().map(|(tf, _)| *tf));
-        let Some((tf, bytes)) = first.and_then(|h| h.next.take()) else {
-            return Ok(None);
-        };
-        if let Some(last) = self.last_tf.filter(|&l| tf <= l) {
-            let msg = format!("{}: TF {tf} is in two files (last {last})", self.what);
-            return Err(SourceError(msg));
-        }
-        self.last_tf = Some(tf);
-        Ok(Some((tf, bytes)))
     }
 
     /// Reads file `i` up to its next STF of this FLP.

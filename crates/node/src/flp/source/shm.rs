@@ -49,7 +49,7 @@ impl Shm {
                 Err(e) => return Err(SourceError(format!("{}: {e}", self.what))),
             }
         };
-        if s.size > room {
+        if s.size > room || room == 0 {
             return Ok(Event::Held(s.size));
         }
         self.pending = None;

@@ -202,8 +202,12 @@ impl IcnCore {
         self.emit(Action::TfEnded(row.clone()));
         // FLPs kept the STFs of this TF for a re-send (on-data: always, in their
         // sources): they may free them now.
+        // After RunStop they freed everything, and read no more: a frame then would
+        // only make their close a reset that can lose their run-end counters.
         let kept = self.cfg.run.cfg.reassign && row.epn.is_some();
-        if self.ondata.sizes.remove(&row.tf_id).is_some() || kept || self.cfg.run.on_data() {
+        let sized = self.ondata.sizes.remove(&row.tf_id).is_some();
+        let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
+        if (sized || kept || self.cfg.run.on_data()) && !stopped {
             self.send_to_flps(Message::Release { tf_id: row.tf_id });
         }
     }

@@ -285,6 +285,7 @@ impl IcnCore {
             p.ready = true;
         }
         self.flps.insert(id, conn);
+        self.source_restarted(id);
         self.set_levels();
         // EPNs still joining wait for this FLP too.
         let pending: Vec<EpnEntry> = self
@@ -304,7 +305,13 @@ impl IcnCore {
             self.send(conn, Message::EpnList(vec![entry]));
         }
         let run_id = self.cfg.run_id;
-        self.send(conn, Message::RunStart { run_id });
+        self.send(
+            conn,
+            Message::RunStart {
+                run_id,
+                elapsed_us: self.now_us(),
+            },
+        );
         let detail = format!("{ms:.1} ms after registering");
         self.member_event(&format!("FLP {id}"), "rejoined", 0, 0, detail);
         self.log(
@@ -357,7 +364,13 @@ impl IcnCore {
         let policy_us = (self.cfg.stopwatch_ns)().saturating_sub(t0) as f64 / 1e3;
         self.set_levels();
         let run_id = self.cfg.run_id;
-        self.send(conn, Message::RunStart { run_id });
+        self.send(
+            conn,
+            Message::RunStart {
+                run_id,
+                elapsed_us: self.now_us(),
+            },
+        );
         let detail = format!("{ms:.1} ms after registering");
         self.member_event(&format!("EPN {epn}"), "rejoined", 0, 0, detail);
         if let Some(e) = self.membership.last_mut() {
@@ -535,7 +548,11 @@ impl IcnCore {
             )
         } else {
             self.member_event(&node, "lost", 0, 0, why.to_string());
-            format!("t={t:.3}s {name} lost ({why}); TFs are dropped (flp_lost) until it rejoins")
+            let until = match self.cfg.run.on_data() {
+                true => "its TFs wait for its STFs (stale after stf_stale_ms)",
+                false => "TFs are dropped (flp_lost)",
+            };
+            format!("t={t:.3}s {name} lost ({why}); {until} until it rejoins")
         };
         // The event just recorded (none when the summary's list is full).
         if let Some(e) = self.membership.last_mut().filter(|e| e.node == node) {

@@ -48,7 +48,8 @@ impl Announced {
 #[derive(Default)]
 pub(crate) struct OnData {
     announced: BTreeMap<TfId, Announced>,
-    /// When each TF was first announced (oldest first): its stale deadline.
+    /// When each TF was first announced, in run time without pauses (oldest first):
+    /// its stale deadline.
     arrivals: VecDeque<(Now, TfId)>,
     /// TFs every FLP announced, to schedule (in order) when not paused.
     complete: VecDeque<TfId>,
@@ -80,6 +81,21 @@ impl IcnCore {
         Duration::from_millis(self.cfg.run.cfg.stf_stale_ms)
     }
 
+    /// Time with the pauses before taken out (stale deadlines do not run while paused).
+    fn active_now(&self) -> Now {
+        self.now.saturating_sub(self.paused_total)
+    }
+
+    /// TFs announced and not scheduled (reported when the run ends).
+    pub(super) fn unscheduled(&self) -> usize {
+        self.ondata.announced.len()
+    }
+
+    /// An FLP joined the run again: its (new) source produces again.
+    pub(super) fn source_restarted(&mut self, flp: FlpId) {
+        self.ondata.sources_ended.remove(&flp);
+    }
+
     /// An FLP announced STFs its source produced.
     pub(super) fn on_announce(&mut self, conn: ConnId, flp: FlpId, list: Vec<StfInfo>) {
         if !self.cfg.run.on_data() || self.run_t0.is_none() {
@@ -102,7 +118,13 @@ impl IcnCore {
             }
             return;
         }
-        let over = self.ondata.was_scheduled(tf) || self.phase != Phase::Running;
+        if self.phase != Phase::Running && !self.ondata.was_scheduled(tf) {
+            // The run ends: it stays with its source (a ring slot READY for the next
+            // run; RunStop frees the rest); after RunStop the FLP reads nothing more.
+            self.metrics.stf("not_scheduled", "", 1);
+            return;
+        }
+        let over = self.ondata.was_scheduled(tf);
         if over || s.size > MAX_STF_BYTES {
             if !over {
                 let line = format!("FLP {flp}: STF of TF {tf}: size {} is over 1 GiB", s.size);
@@ -114,7 +136,7 @@ impl IcnCore {
             return;
         }
         let flps = self.cfg.run.cfg.flps;
-        let now = self.now;
+        let now = self.active_now();
         let d = &mut self.ondata;
         let entry = d.announced.entry(tf).or_insert_with(|| {
             d.arrivals.push_back((now, tf));
@@ -123,21 +145,27 @@ impl IcnCore {
         if flp < flps && entry.add(flp, s.size) && entry.count == flps {
             d.complete.push_back(tf);
         }
-        // Bounded: past max_inflight TFs announced and waiting, the oldest goes stale.
-        if self.ondata.announced.len() as u64 > self.cfg.run.cfg.max_inflight {
-            if let Some((_, oldest)) = self.ondata.arrivals.pop_front() {
-                self.stale(oldest);
-            }
+        // Bounded: past max_inflight TFs announced and waiting, the oldest is scheduled
+        // as it is (stale unless complete). A paused run holds them all (the FLPs'
+        // buffers bound them).
+        while self.ondata.announced.len() as u64 > self.cfg.run.cfg.max_inflight
+            && self.paused_at.is_none()
+        {
+            let Some((_, oldest)) = self.ondata.arrivals.pop_front() else {
+                break;
+            };
+            self.stale(oldest);
         }
     }
 
     /// An FLP's source ended (`ok`) or failed.
     pub(super) fn on_source_ended(&mut self, flp: FlpId, ok: bool, detail: String) {
         let t = self.now_us() as f64 / 1e6;
+        // A failure's line names the FLP and its source already.
         let line = if ok {
             format!("t={t:.3}s FLP {flp}: source ended: {detail}")
         } else {
-            format!("t={t:.3}s FLP {flp}: source failed: {detail}")
+            format!("t={t:.3}s source failed: {detail}")
         };
         let level = if ok { Level::Info } else { Level::Error };
         self.log(level, line.clone());
@@ -159,13 +187,16 @@ impl IcnCore {
                 return;
             }
         }
-        let stale = self.stale_after();
+        let (stale, now) = (self.stale_after(), self.active_now());
         while let Some(&(at, tf)) = self.ondata.arrivals.front() {
-            if at + stale > self.now {
+            let gone = !self.ondata.announced.contains_key(&tf);
+            if !gone && at + stale > now {
                 break;
             }
             self.ondata.arrivals.pop_front();
-            self.stale(tf);
+            if !gone {
+                self.stale(tf);
+            }
             if self.phase != Phase::Running {
                 return;
             }
@@ -179,7 +210,8 @@ impl IcnCore {
     /// When the oldest announced TF goes stale (None: nothing waits, or paused).
     pub(super) fn stale_deadline(&self) -> Option<Now> {
         let (at, _) = self.ondata.arrivals.front()?;
-        (self.paused_at.is_none()).then(|| *at + self.stale_after())
+        let at = *at + self.stale_after() + self.paused_total;
+        self.paused_at.is_none().then_some(at)
     }
 
     /// A TF not every FLP announced in time: built from what exists, or dropped.
@@ -187,7 +219,10 @@ impl IcnCore {
         let Some(a) = self.ondata.announced.remove(&tf) else {
             return; // scheduled already
         };
-        self.metrics.tf("stale", "");
+        if a.count == self.cfg.run.cfg.flps {
+            return self.schedule(tf, a.bytes); // complete after all (a bound's eviction)
+        }
+        self.metrics.tf("stale", "stf_stale");
         match self.cfg.run.cfg.on_stale {
             OnStale::Incomplete => self.schedule(tf, a.bytes),
             OnStale::Drop => {

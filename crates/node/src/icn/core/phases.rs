@@ -21,7 +21,9 @@ impl IcnCore {
             seed: run.cfg.seed,
             retain: run.cfg.reassign,
             schedule: run.cfg.schedule.wire(),
-            rate_mhz: (run.cfg.rate_hz * 1000.0).round() as u64,
+            // 0 means as fast as the buffer allows: a rate above 0 stays above.
+            rate_mhz: ((run.cfg.rate_hz * 1000.0).round() as u64)
+                .max(u64::from(run.cfg.rate_hz > 0.0)),
             tfs: run.total_tfs.filter(|_| run.on_data()).unwrap_or(0),
         }
     }
@@ -62,19 +64,29 @@ impl IcnCore {
         }
         self.phase = Phase::Running;
         self.last_lease_check = now;
-        // On-data with a TF count: the sources' clocks end the run, not the ICN's.
-        let counted = self.cfg.run.on_data() && self.cfg.run.total_tfs.is_some();
-        self.phase_deadline = if self.cfg.run.paced() || counted {
-            None
-        } else {
-            self.cfg.run.configured_duration.map(|d| now + d)
-        };
+        self.phase_deadline = self.run_deadline(now);
         for epn in self.epns.keys().copied().collect::<Vec<_>>() {
             self.placer.policy_mut().add_epn(epn);
         }
         self.broadcast(Message::RunStart {
             run_id: self.cfg.run_id,
+            elapsed_us: 0,
         });
+    }
+
+    /// When the run's length is over (None: its TF count ends it). On-data with
+    /// `duration_s` (and no `tfs`): that long, plus a stale time for the last TFs.
+    fn run_deadline(&self, now: super::Now) -> Option<super::Now> {
+        let run = &self.cfg.run;
+        if run.on_data() {
+            let d = run.cfg.duration_s.filter(|_| run.cfg.tfs.is_none())?;
+            let slack = Duration::from_millis(run.cfg.stf_stale_ms);
+            return Some(now + Duration::from_secs_f64(d) + slack);
+        }
+        if run.paced() {
+            return None;
+        }
+        run.configured_duration.map(|d| now + d)
     }
 
     /// Sends `msg` to every registered node, in connection order.
@@ -199,6 +211,15 @@ impl IcnCore {
 
     pub(super) fn begin_drain(&mut self) {
         self.phase = Phase::Draining;
+        if self.unscheduled() > 0 {
+            // Never issued, so outside the ledger; their STFs stay with the sources.
+            let line = format!(
+                "{} TFs announced by some FLPs were not scheduled when the run ended",
+                self.unscheduled()
+            );
+            self.log(Level::Info, line.clone());
+            self.note(line);
+        }
         self.phase_deadline = Some(self.now + self.cfg.run.drain_timeout());
         let line = format!(
             "issued {} TFs; draining {} in flight",

@@ -377,7 +377,10 @@ fn all_ready_starts_the_run_everywhere() {
     assert_eq!(h.core.phase(), Phase::Running);
     assert!(out.contains(&Action::RunStarted));
     for c in [epn_conn(0), flp_conn(0)] {
-        assert!(to(&out, c).contains(&Message::RunStart { run_id: 7 }));
+        assert!(to(&out, c).contains(&Message::RunStart {
+            run_id: 7,
+            elapsed_us: 0
+        }));
     }
 }
 
@@ -637,12 +640,21 @@ fn stop_timeout_names_the_silent_nodes() {
 #[test]
 fn unexpected_frames_are_counted_not_obeyed() {
     let mut h = H::running(1, 1, |_| {});
-    let out = h.msg(flp_conn(0), Message::RunStart { run_id: 7 });
+    let out = h.msg(
+        flp_conn(0),
+        Message::RunStart {
+            run_id: 7,
+            elapsed_us: 0,
+        },
+    );
     assert!(to(&out, flp_conn(0)).is_empty());
     assert_eq!(h.counter("errors.unexpected_message"), 1);
     h.feed(Input::Msg {
         conn: 999,
-        msg: Message::RunStart { run_id: 7 },
+        msg: Message::RunStart {
+            run_id: 7,
+            elapsed_us: 0,
+        },
     });
     assert_eq!(h.counter("errors.ignored_frame"), 1);
 }
@@ -870,7 +882,13 @@ fn flp_rejoins_and_issuing_goes_on() {
     assert!(matches!(got[1], Message::Prepare(_)));
     assert!(matches!(&got[2], Message::EpnList(l) if l.len() == 2));
     let out = h.msg(200, ready(Role::Flp, 1, 2));
-    assert!(to(&out, 200).contains(&Message::RunStart { run_id: 7 }));
+    assert!(
+        to(&out, 200).contains(&Message::RunStart {
+            run_id: 7,
+            elapsed_us: 10_000
+        }),
+        "a rejoining FLP learns how long the run has been going"
+    );
     let out = h.at(11);
     assert!(ended(&out).is_empty(), "TF 11 is not dropped: {out:?}");
     assert!(h
@@ -906,7 +924,10 @@ fn epn_rejoins_once_every_flp_reached_it() {
             ok: true,
         },
     );
-    assert!(to(&out, 300).contains(&Message::RunStart { run_id: 7 }));
+    assert!(to(&out, 300).contains(&Message::RunStart {
+        run_id: 7,
+        elapsed_us: 0
+    }));
     let out = h.at(4);
     let at_new = to(&out, 300);
     assert!(

@@ -53,7 +53,10 @@ fn a_held_run_waits_for_start_without_a_prerun_time_out() {
     assert_eq!(h.core.phase(), Phase::Ready);
     assert_eq!(h.core.run_state(), RunState::Configured);
     let out = command(&mut h, Command::Start).unwrap();
-    assert!(to(&out, flp_conn(0)).contains(&Message::RunStart { run_id: 7 }));
+    assert!(to(&out, flp_conn(0)).contains(&Message::RunStart {
+        run_id: 7,
+        elapsed_us: 0
+    }));
     assert_eq!(state_sent(&out, epn_conn(1)), Some(RunState::Running));
     assert_eq!(h.core.run_state(), RunState::Running);
     assert!(command(&mut h, Command::Start)

@@ -115,8 +115,10 @@ fn the_run_drains_at_its_count_or_when_every_source_ended() {
     let mut h = on_data(1, 1, |c| c.tfs = Some(3));
     announce(&mut h, 0, &[(0, 1), (1, 1), (2, 1)]);
     assert_eq!(h.core.phase(), Phase::Draining);
-    let late = announce(&mut h, 0, &[(3, 1)]);
-    assert_eq!(to(&late, flp_conn(0)), [Message::Release { tf_id: 3 }]);
+    // Past the count: it stays with its source (a ring slot stays READY), unanswered.
+    let beyond = announce(&mut h, 0, &[(3, 1)]);
+    assert!(to(&beyond, flp_conn(0)).is_empty());
+    assert_eq!(h.counter("stfs.not_scheduled"), 1);
 
     let mut h = on_data(2, 1, |c| {
         (c.tfs, c.duration_s, c.rate_hz) = (None, Some(3600.0), 0.0);
@@ -148,4 +150,49 @@ fn a_dead_epns_tfs_move_with_their_announced_size() {
     h.complete(1, 0);
     let s = h.finish();
     assert_eq!((s.issued, s.completed), (1, 1));
+}
+
+#[test]
+fn after_run_stop_the_flps_are_sent_nothing_more() {
+    let mut h = on_data(1, 1, |c| c.tfs = Some(1));
+    announce(&mut h, 0, &[(0, 1)]);
+    h.complete(0, 0);
+    assert_eq!(h.core.phase(), Phase::Stopping);
+    // An announcement sent before the FLP read RunStop: no answer (it would be unread).
+    let late = announce(&mut h, 0, &[(1, 1)]);
+    assert!(to(&late, flp_conn(0)).is_empty(), "{late:?}");
+}
+
+#[test]
+fn a_pause_holds_the_stale_clock_and_the_bound() {
+    let mut h = on_data(2, 1, |c| c.max_inflight = 2);
+    let command = |h: &mut H, cmd| {
+        let now = h.now;
+        h.core.command(now, cmd).unwrap();
+        h.feed(Input::Timeout)
+    };
+    command(&mut h, crate::runctl::Command::Pause);
+    announce(&mut h, 0, &[(0, 1), (1, 1), (2, 1)]);
+    h.at(500);
+    assert_eq!(
+        h.core.progress().0,
+        0,
+        "nothing scheduled or stale while paused"
+    );
+    command(&mut h, crate::runctl::Command::Resume);
+    h.at(550);
+    assert_eq!(h.core.progress().0, 0, "50 ms of the 100 ms stale time ran");
+    announce(&mut h, 1, &[(0, 1)]);
+    assert_eq!(
+        h.core.progress().0,
+        1,
+        "TF 0 complete (evicted by the bound: scheduled whole)"
+    );
+    announce(&mut h, 0, &[(3, 1)]);
+    assert_eq!(
+        h.core.progress().0,
+        2,
+        "past the bound of 2, the oldest (TF 1) goes stale"
+    );
+    assert_eq!(h.counter("tfs.stale.stf_stale"), 1);
 }
