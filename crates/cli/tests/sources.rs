@@ -354,3 +354,28 @@ fn the_c_and_python_readout_examples_feed_their_flps_byte_for_byte() {
     );
     assert_eq!(out.trim(), tfs.to_string(), "FLP 0's bytes are Python's");
 }
+
+#[test]
+fn the_synthetic_source_on_the_flps_clock_delivers_its_pattern_with_an_epn_killed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (tfs, sink) = (400, dir.join("tfs"));
+    let cfg = config(tfs).replace("rate_hz = 0", "rate_hz = 200");
+    let mut icn = start_icn(dir, &cfg, "127.0.0.1:0");
+    let mut epn_procs = epns(dir, &icn, &sink);
+    let _flps: Vec<Proc> = (0..2).map(|f| spawn_flp(dir, icn.control, f)).collect();
+    icn.wait_issued(100);
+    epn_procs[1].kill9();
+    all_completed(icn, tfs);
+    let mut seen = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(&sink).unwrap() {
+        for r in records(&e.unwrap().path()) {
+            for ((h, crc_ok), p) in r.stfs.iter().zip(&r.payloads) {
+                let pattern = fanin_node::flp::payload::Pattern::new(1, h.flp_id);
+                assert!(*crc_ok && *p == pattern.bytes(r.header.tf_id, 64 * 1024));
+            }
+            seen.insert(r.header.tf_id);
+        }
+    }
+    assert_eq!(seen.len() as u64, tfs, "every TF in the files");
+}
