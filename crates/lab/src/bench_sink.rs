@@ -192,8 +192,13 @@ fn plan(sinks: &[&str], zero_copy: bool) -> NodePlan {
     }
 }
 
-/// One run with this EPN plan; its summary, checked.
-async fn case(root: &Path, name: &str, cfg: &RunConfig, plan: NodePlan) -> anyhow::Result<Summary> {
+/// One run with this node plan; its summary, checked (every TF accounted, none lost).
+pub(crate) async fn case(
+    root: &Path,
+    name: &str,
+    cfg: &RunConfig,
+    plan: NodePlan,
+) -> anyhow::Result<Summary> {
     let dir = root.join(name);
     let (s, _) = crate::cluster::run_on(cfg, &dir, name, None, &[], &plan, None).await?;
     anyhow::ensure!(s.invariant_ok, "{name}: accounting invariant violated");

@@ -2,7 +2,7 @@
 //! in the same invocation: goodput and FLP CPU per GB through the shared-memory ring
 //! against the synthetic source, and the on-data scheduling delay at 1 and 10 kHz.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use fanin_node::config::{ByteSize, ScheduleKind};
 use fanin_node::icn::summary::Summary;
 use fanin_node::RunConfig;
 
+use crate::bench_sink::case;
 use crate::node_plan::{NodePlan, SourceEntry};
 
 /// The FLP's send buffer in every case (and the ring's size).
@@ -163,20 +164,6 @@ fn delay_config(a: &SourceBenchArgs, rate: f64) -> RunConfig {
         stf_size: "4KiB".into(),
         ..goodput_config(a)
     }
-}
-
-async fn case(root: &Path, name: &str, cfg: &RunConfig, plan: NodePlan) -> anyhow::Result<Summary> {
-    let dir = root.join(name);
-    let (s, _) = crate::cluster::run_on(cfg, &dir, name, None, &[], &plan, None).await?;
-    anyhow::ensure!(s.invariant_ok, "{name}: accounting invariant violated");
-    anyhow::ensure!(
-        s.lost == 0,
-        "{name}: {} TFs lost ({:?})",
-        s.lost,
-        s.dropped_by_reason
-    );
-    println!("{name}: {} TFs, {:.2} Gbit/s", s.completed, s.goodput_gbps);
-    Ok(s)
 }
 
 fn flp_event(s: &Summary, key: &str) -> f64 {
