@@ -169,7 +169,7 @@ fn bench_source_prints_the_ring_against_synthetic_and_the_scheduling_delay() {
     let dir = tempfile::tempdir().unwrap();
     let out = fanin()
         .args(["bench", "source", "--seconds", "1", "--stf-size", "1MiB"])
-        .args(["--rates", "100,200"]) // a debug build, on a busy machine
+        .args(["--rates", "100,200", "--repetitions", "1"]) // a debug build, on a busy machine
         .arg("--results")
         .arg(dir.path())
         .output()

@@ -26,6 +26,10 @@ pub struct SourceBenchArgs {
     /// STF size of the goodput cases (one FLP, one EPN, unthrottled).
     #[arg(long, default_value = "4MiB")]
     pub stf_size: String,
+    /// Pairs of goodput cases, synthetic and ring alternating; the medians are compared
+    /// (one 5 s case on this 2-core VM varies by a quarter from one to the next).
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: u32,
     /// TF rates (Hz) of the scheduling-delay cases.
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     pub rates: Vec<f64>,
@@ -43,6 +47,10 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(a.seconds > 0.0, "--seconds must be positive");
     anyhow::ensure!(
+        (1..=100).contains(&a.repetitions),
+        "--repetitions must be within 1..=100"
+    );
+    anyhow::ensure!(
         a.rates
             .iter()
             .all(|r| r.is_finite() && (1.0..=1e6).contains(r)),
@@ -59,27 +67,35 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
         root.display()
     );
     let cfg = goodput_config(&a);
-    let synthetic = case(&root, "synthetic", &cfg, NodePlan::default()).await?;
-    let shm = with_ring(stf, |name| {
-        let plan = NodePlan {
-            sources: vec![SourceEntry {
-                spec: format!("shm:{name}"),
-                flps: None,
-            }],
-            ..NodePlan::default()
+    let (mut synthetic, mut shm) = (Vec::new(), Vec::new());
+    for r in 1..=a.repetitions {
+        let name = format!("synthetic-{r}");
+        synthetic.push(case(&root, &name, &cfg, NodePlan::default()).await?);
+        let shm_name = format!("shm-{r}");
+        let run = |ring: String| {
+            let plan = NodePlan {
+                sources: vec![SourceEntry {
+                    spec: format!("shm:{ring}"),
+                    flps: None,
+                }],
+                ..NodePlan::default()
+            };
+            case(&root, &shm_name, &cfg, plan)
         };
-        case(&root, "shm", &cfg, plan)
-    })
-    .await?;
-    let (g_shm, g_syn) = (shm.goodput_gbps, synthetic.goodput_gbps);
-    let (c_shm, c_syn) = (flp_cpu_s_per_gb(&shm), flp_cpu_s_per_gb(&synthetic));
+        shm.push(with_ring(stf, run).await?);
+    }
+    let goodput = |v: &[Summary]| median(v.iter().map(|s| s.goodput_gbps));
+    let cpu = |v: &[Summary]| median(v.iter().map(flp_cpu_s_per_gb));
+    let (g_shm, g_syn) = (goodput(&shm), goodput(&synthetic));
+    let (c_shm, c_syn) = (cpu(&shm), cpu(&synthetic));
+    let n = a.repetitions;
     let mut lines = vec![
         format!(
-            "goodput  shm {g_shm:>7.2} Gbit/s  synthetic {g_syn:>7.2} Gbit/s  ratio {:.3} (target 0.9)",
+            "goodput  shm {g_shm:>7.2} Gbit/s  synthetic {g_syn:>7.2} Gbit/s  ratio {:.3} (target 0.9; medians of {n})",
             g_shm / g_syn
         ),
         format!(
-            "FLP CPU  shm {c_shm:>7.3} s/GB    synthetic {c_syn:>7.3} s/GB    ratio {:.3} (synthetic / shm)",
+            "FLP CPU  shm {c_shm:>7.3} s/GB    synthetic {c_syn:>7.3} s/GB    ratio {:.3} (synthetic / shm; medians of {n})",
             c_syn / c_shm.max(1e-9)
         ),
     ];
@@ -163,6 +179,17 @@ fn delay_config(a: &SourceBenchArgs, rate: f64) -> RunConfig {
         rate_hz: rate,
         stf_size: "4KiB".into(),
         ..goodput_config(a)
+    }
+}
+
+fn median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
