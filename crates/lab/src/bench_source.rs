@@ -2,7 +2,7 @@
 //! in the same invocation: goodput and FLP CPU per GB through the shared-memory ring
 //! against the synthetic source, and the on-data scheduling delay at 1 and 10 kHz.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -66,39 +66,7 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
         a.stf_size,
         root.display()
     );
-    let cfg = goodput_config(&a);
-    let (mut synthetic, mut shm) = (Vec::new(), Vec::new());
-    for r in 1..=a.repetitions {
-        let name = format!("synthetic-{r}");
-        synthetic.push(case(&root, &name, &cfg, NodePlan::default()).await?);
-        let shm_name = format!("shm-{r}");
-        let run = |ring: String| {
-            let plan = NodePlan {
-                sources: vec![SourceEntry {
-                    spec: format!("shm:{ring}"),
-                    flps: None,
-                }],
-                ..NodePlan::default()
-            };
-            case(&root, &shm_name, &cfg, plan)
-        };
-        shm.push(with_ring(stf, run).await?);
-    }
-    let goodput = |v: &[Summary]| median(v.iter().map(|s| s.goodput_gbps));
-    let cpu = |v: &[Summary]| median(v.iter().map(flp_cpu_s_per_gb));
-    let (g_shm, g_syn) = (goodput(&shm), goodput(&synthetic));
-    let (c_shm, c_syn) = (cpu(&shm), cpu(&synthetic));
-    let n = a.repetitions;
-    let mut lines = vec![
-        format!(
-            "goodput  shm {g_shm:>7.2} Gbit/s  synthetic {g_syn:>7.2} Gbit/s  ratio {:.3} (target 0.9; medians of {n})",
-            g_shm / g_syn
-        ),
-        format!(
-            "FLP CPU  shm {c_shm:>7.3} s/GB    synthetic {c_syn:>7.3} s/GB    ratio {:.3} (synthetic / shm; medians of {n})",
-            c_syn / c_shm.max(1e-9)
-        ),
-    ];
+    let mut lines = goodput_lines(&a, &root, stf).await?;
     for &rate in &a.rates {
         let s = case(
             &root,
@@ -112,6 +80,43 @@ pub async fn run(a: SourceBenchArgs) -> anyhow::Result<()> {
     std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
     println!("\n{}", lines.join("\n"));
     Ok(())
+}
+
+/// Synthetic and ring cases, alternating: their median goodput and FLP CPU per GB.
+async fn goodput_lines(a: &SourceBenchArgs, root: &Path, stf: u64) -> anyhow::Result<Vec<String>> {
+    let cfg = goodput_config(a);
+    let (mut synthetic, mut shm) = (Vec::new(), Vec::new());
+    for r in 1..=a.repetitions {
+        let name = format!("synthetic-{r}");
+        synthetic.push(case(root, &name, &cfg, NodePlan::default()).await?);
+        let shm_name = format!("shm-{r}");
+        let run = |ring: String| {
+            let plan = NodePlan {
+                sources: vec![SourceEntry {
+                    spec: format!("shm:{ring}"),
+                    flps: None,
+                }],
+                ..NodePlan::default()
+            };
+            case(root, &shm_name, &cfg, plan)
+        };
+        shm.push(with_ring(stf, run).await?);
+    }
+    let goodput = |v: &[Summary]| median(v.iter().map(|s| s.goodput_gbps));
+    let cpu = |v: &[Summary]| median(v.iter().map(flp_cpu_s_per_gb));
+    let (g_shm, g_syn) = (goodput(&shm), goodput(&synthetic));
+    let (c_shm, c_syn) = (cpu(&shm), cpu(&synthetic));
+    let n = a.repetitions;
+    Ok(vec![
+        format!(
+            "goodput  shm {g_shm:>7.2} Gbit/s  synthetic {g_syn:>7.2} Gbit/s  ratio {:.3} (target 0.9; medians of {n})",
+            g_shm / g_syn
+        ),
+        format!(
+            "FLP CPU  shm {c_shm:>7.3} s/GB    synthetic {c_syn:>7.3} s/GB    ratio {:.3} (synthetic / shm; medians of {n})",
+            c_syn / c_shm.max(1e-9)
+        ),
+    ])
 }
 
 /// Runs `f` while a read-out thread fills a fresh ring as fast as the FLP frees it: as

@@ -108,13 +108,9 @@ async fn run_once(
         secret: opts.secret.clone(),
     });
     let on_data = prep.schedule == Schedule::OnData;
-    let source = match on_data {
-        true => Some(Source::open(&opts.source, me, &prep, size).map_err(NodeError::Fatal)?),
-        false => {
-            Source::open(&opts.source, me, &prep, size).map_err(NodeError::Fatal)?;
-            None
-        }
-    };
+    // A timer run makes synthetic payloads itself (`open` refuses other sources for it).
+    let source = Source::open(&opts.source, me, &prep, size).map_err(NodeError::Fatal)?;
+    let source = on_data.then_some(source);
     let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
     let core = FlpCore::new(
         me,
