@@ -4,6 +4,36 @@
 mod common;
 use common::*;
 
+/// Runs `fanin bench ARGS` (its results under `results`), which must succeed: stdout.
+fn bench(args: &[&str], results: &std::path::Path) -> String {
+    let out = fanin()
+        .arg("bench")
+        .args(args)
+        .arg("--results")
+        .arg(results)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    stdout
+}
+
+/// The first line of `stdout` starting with `prefix`.
+fn line<'a>(stdout: &'a str, prefix: &str) -> &'a str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .expect(stdout)
+}
+
+/// The numbers of a line, in order.
+fn numbers(row: &str) -> Vec<f64> {
+    row.split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
 #[test]
 fn bench_throughput_prints_both_goodputs_and_their_ratio() {
     let have_iperf3 = std::process::Command::new("iperf3")
@@ -83,21 +113,14 @@ fn bench_flow_prints_its_times_and_nothing_else() {
 #[test]
 fn bench_sink_prints_its_ratios_and_cpu_per_tf() {
     let dir = tempfile::tempdir().unwrap();
-    let out = fanin()
-        .args(["bench", "sink", "--seconds", "1", "--write", "64MiB"])
-        .args(["--stf-size", "1MiB", "--rate-hz", "20", "--results"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let args = ["sink", "--seconds", "1", "--write", "64MiB"];
+    let stdout = bench(
+        &[&args[..], &["--stf-size", "1MiB", "--rate-hz", "20"]].concat(),
+        dir.path(),
+    );
     for what in ["file writer vs dd", "exec (cat > /dev/null) vs discard"] {
-        let row = stdout.lines().find(|l| l.starts_with(what)).expect(&stdout);
-        let nums: Vec<f64> = row
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
+        let row = line(&stdout, what);
+        let nums = numbers(row);
         let (fanin_gbps, reference, ratio) = (nums[0], nums[1], nums[2]);
         assert!(fanin_gbps > 0.0 && reference > 0.0, "{row}");
         assert!((ratio - fanin_gbps / reference).abs() < 0.01, "{row}");
@@ -167,25 +190,11 @@ fn bench_metrics_prints_cpu_per_scrape_and_the_share_of_a_core() {
 #[test]
 fn bench_source_prints_the_ring_against_synthetic_and_the_scheduling_delay() {
     let dir = tempfile::tempdir().unwrap();
-    let out = fanin()
-        .args(["bench", "source", "--seconds", "1", "--stf-size", "1MiB"])
-        .args(["--rates", "100,200", "--repetitions", "1"]) // a debug build, on a busy machine
-        .arg("--results")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let nums = |prefix: &str| -> Vec<f64> {
-        let row = stdout
-            .lines()
-            .find(|l| l.starts_with(prefix))
-            .expect(&stdout);
-        row.split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect()
-    };
+    let args = ["source", "--seconds", "1", "--stf-size", "1MiB"];
+    // Low rates and one pair: a debug build, on a busy machine.
+    let low = ["--rates", "100,200", "--repetitions", "1"];
+    let stdout = bench(&[&args[..], &low].concat(), dir.path());
+    let nums = |prefix: &str| numbers(line(&stdout, prefix));
     let g = nums("goodput");
     assert!(g[0] > 0.0 && g[1] > 0.0, "{stdout}");
     assert!(
@@ -196,10 +205,7 @@ fn bench_source_prints_the_ring_against_synthetic_and_the_scheduling_delay() {
     assert!(c[0] > 0.0 && c[1] > 0.0, "{stdout}");
     for rate in ["  100 Hz", "  200 Hz"] {
         let row = stdout.lines().find(|l| l.contains(rate)).expect(&stdout);
-        let n: Vec<f64> = row
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
+        let n = numbers(row);
         // rate, TFs, p50, p99: every TF of the second timed, p50 <= p99.
         assert!(n[1] >= n[0] * 0.99 && n[2] > 0.0 && n[2] <= n[3], "{row}");
     }

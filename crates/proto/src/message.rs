@@ -736,17 +736,12 @@ impl Message {
                     tfs: r.u64("prepare.tfs")?,
                 })
             }
-            5 => {
-                let n = r.count("epn_list.count", 6)?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    list.push(EpnEntry {
-                        epn_id: r.u32("epn_list.epn_id")?,
-                        addr: r.string("epn_list.addr")?,
-                    });
-                }
-                Message::EpnList(list)
-            }
+            5 => Message::EpnList(r.list("epn_list.count", 6, |r| {
+                Ok(EpnEntry {
+                    epn_id: r.u32("epn_list.epn_id")?,
+                    addr: r.string("epn_list.addr")?,
+                })
+            })?),
             6 => Message::Ready {
                 role: Role::from_u8(r.u8("ready.role")?)?,
                 node_id: r.u32("ready.node_id")?,
@@ -800,13 +795,9 @@ impl Message {
             13 => {
                 let role = Role::from_u8(r.u8("node_stats.role")?)?;
                 let node_id = r.u32("node_stats.node_id")?;
-                let n = r.count("node_stats.count", 10)?;
-                let mut counters = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let k = r.string("node_stats.name")?;
-                    let v = r.u64("node_stats.value")?;
-                    counters.push((k, v));
-                }
+                let counters = r.list("node_stats.count", 10, |r| {
+                    Ok((r.string("node_stats.name")?, r.u64("node_stats.value")?))
+                })?;
                 Message::NodeStats(NodeStats {
                     role,
                     node_id,
@@ -843,17 +834,12 @@ impl Message {
                 state: RunState::from_u8(r.u8("run_state.state")?)?,
                 run_number: r.u64("run_state.run_number")?,
             },
-            22 => {
-                let n = r.count("stf_announce.count", 16)?;
-                let mut list = Vec::with_capacity(n);
-                for _ in 0..n {
-                    list.push(StfInfo {
-                        tf_id: r.u64("stf_announce.tf_id")?,
-                        size: r.u64("stf_announce.size")?,
-                    });
-                }
-                Message::StfAnnounce(list)
-            }
+            22 => Message::StfAnnounce(r.list("stf_announce.count", 16, |r| {
+                Ok(StfInfo {
+                    tf_id: r.u64("stf_announce.tf_id")?,
+                    size: r.u64("stf_announce.size")?,
+                })
+            })?),
             23 => Message::SourceEnded {
                 ok: r.flag("source_ended.ok")?,
                 detail: r.string("source_ended.detail")?,

@@ -99,6 +99,18 @@ impl<'a> Reader<'a> {
         Ok(n)
     }
 
+    /// A `u32` count, then that many elements read by `elem` (each at least `min_elem`
+    /// bytes: a forged count fails before anything is allocated).
+    pub fn list<T>(
+        &mut self,
+        what: &'static str,
+        min_elem: usize,
+        mut elem: impl FnMut(&mut Self) -> Result<T, DecodeError>,
+    ) -> Result<Vec<T>, DecodeError> {
+        let n = self.count(what, min_elem)?;
+        (0..n).map(|_| elem(self)).collect()
+    }
+
     pub fn rest(&mut self) -> &'a [u8] {
         let s = &self.buf[self.pos..];
         self.pos = self.buf.len();

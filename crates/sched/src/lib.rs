@@ -1,10 +1,12 @@
 //! fanin load-balancing policies: pure, deterministic decisions (no I/O, clocks or threads).
 //! The ICN runtime and the simulator call exactly this code to pick the EPN of each TF.
 
+pub mod gather;
 pub mod placement;
 pub mod policy;
 pub mod workload;
 
+pub use gather::{Gather, Heard};
 pub use placement::{Placed, Placer, PolicyConfig};
 pub use policy::{Decision, DropReason, EpnLoad, Policy, PolicyKind, TfRequest};
 pub use workload::{parse_bytes, StfSize};

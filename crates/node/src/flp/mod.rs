@@ -119,20 +119,7 @@ async fn run_once(
         &epns,
         metrics.clone(),
     );
-    let (done_tx, done_rx) = mpsc::channel(QUEUE_PER_EPN);
-    let mut shell = Shell {
-        core,
-        ctx,
-        senders: HashMap::new(),
-        tasks: Vec::new(),
-        done_tx,
-        data_bind: opts.data_bind,
-        source,
-        source_live: false,
-        held: false,
-        store: HashMap::new(),
-        delay: ScheduleDelay::default(),
-    };
+    let (mut shell, done_rx) = Shell::new(core, ctx, source, opts.data_bind);
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
         let stream = shell.connect(e).await.map_err(|err| {
@@ -246,6 +233,30 @@ impl ScheduleDelay {
 type Connected = (EpnId, anyhow::Result<TcpStream>);
 
 impl Shell {
+    /// The shell of a run, and where its sender tasks hand finished jobs back.
+    fn new(
+        core: FlpCore,
+        ctx: Arc<SendCtx>,
+        source: Option<Source>,
+        data_bind: Option<IpAddr>,
+    ) -> (Shell, mpsc::Receiver<(StfJob, bool)>) {
+        let (done_tx, done_rx) = mpsc::channel(QUEUE_PER_EPN);
+        let shell = Shell {
+            core,
+            ctx,
+            senders: HashMap::new(),
+            tasks: Vec::new(),
+            done_tx,
+            data_bind,
+            source,
+            source_live: false,
+            held: false,
+            store: HashMap::new(),
+            delay: ScheduleDelay::default(),
+        };
+        (shell, done_rx)
+    }
+
     async fn connect(&self, e: &EpnEntry) -> anyhow::Result<TcpStream> {
         let addr: SocketAddr = e
             .addr

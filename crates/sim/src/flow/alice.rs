@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use fanin_sched::policy::LeastLoadedConfig;
-use fanin_sched::{EpnLoad, Placed, Placer, PolicyConfig, PolicyKind, StfSize};
+use fanin_sched::{EpnLoad, Gather, Heard, Placed, Placer, PolicyConfig, PolicyKind, StfSize};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
@@ -363,6 +363,8 @@ struct Sim<'a> {
     net: Fluid,
     q: Queue<Ev>,
     placer: Placer,
+    /// On-data: which FLPs announced which TF (the runtime ICN's rule).
+    gather: Gather<Time>,
     epns: Vec<Epn>,
     tfs: Vec<Tf>,
     flp_links: Vec<u32>,
@@ -480,6 +482,63 @@ impl Sim<'_> {
         Ok(())
     }
 
+    /// TF `n` exists now (its time): its STFs' sizes and read-out. The timer places it
+    /// at once with the size model's mean (all an ICN can know before the data exist);
+    /// on-data once its last STF is read out and announced, with its size. Its bytes.
+    fn issue(
+        &mut self,
+        n: u64,
+        t: Time,
+        (flps, size): (u32, StfSize),
+    ) -> Result<f64, crate::ConfigError> {
+        let cfg = self.cfg;
+        let sizes: Vec<f64> = (0..flps)
+            .map(|f| size.sample(cfg.seed, f, n) as f64)
+            .collect();
+        let bytes: f64 = sizes.iter().sum();
+        let delays = readout(cfg, flps, n);
+        let ready = t + delays.iter().copied().max().unwrap_or(0);
+        let stf_bytes: Vec<u64> = sizes.iter().map(|&b| b as u64).collect();
+        self.tfs.push(Tf {
+            epn: u32::MAX,
+            issued: t,
+            ready,
+            bytes,
+            sizes,
+            flows: Vec::new(),
+            left: 0,
+            end: None,
+        });
+        match cfg.schedule {
+            SimSchedule::Timer => {
+                let guess = (size.mean() * flps as f64).round() as u64;
+                self.place_new(n, guess, t)?;
+            }
+            SimSchedule::OnData => self.announce(n, t, &delays, &stf_bytes),
+        }
+        Ok(bytes)
+    }
+
+    /// On-data: every FLP's announcement of TF `n` reaches the ICN `announce_us` after
+    /// its STF is read out; the runtime's rule (`fanin_sched::Gather`) says when the TF
+    /// is complete, and it is placed then.
+    fn announce(&mut self, n: u64, t: Time, delays: &[Time], sizes: &[u64]) {
+        let lag = secs(self.cfg.announce_us / 1e6);
+        let mut heard: Vec<(Time, u32)> = (0..sizes.len() as u32)
+            .map(|f| (t + delays.get(f as usize).copied().unwrap_or(0) + lag, f))
+            .collect();
+        heard.sort_unstable();
+        for (at, f) in heard {
+            if let Heard::Complete { .. } = self.gather.announce(n, f, sizes[f as usize], at) {
+                self.q.at(at, Ev::Place(n));
+            }
+        }
+        // Every STF of the model is read out: nothing stays open (and the arrival
+        // order the rule keeps is dropped).
+        let open = self.gather.pop_oldest();
+        debug_assert!(open.is_none(), "TF {n} not complete");
+    }
+
     /// A new TF to the policy: assigned, waiting, or dropped.
     fn place_new(&mut self, n: u64, bytes: u64, now: Time) -> Result<(), crate::ConfigError> {
         match self.placer.issue(n, bytes) {
@@ -579,6 +638,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
         net,
         q: Queue::new(),
         placer: Placer::new(policy_config(cfg).build()),
+        gather: Gather::new(scale.flps),
         epns,
         tfs: Vec::new(),
         flp_links,
@@ -643,33 +703,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
                 if n + 1 < n_tfs {
                     sim.q.at(secs((n + 1) as f64 * period), Ev::Issue(n + 1));
                 }
-                let sizes: Vec<f64> = (0..scale.flps)
-                    .map(|f| size.sample(cfg.seed, f, n) as f64)
-                    .collect();
-                let bytes: f64 = sizes.iter().sum();
-                stf_bytes_total += bytes;
-                let ready = t + readout(cfg, scale.flps, n);
-                sim.tfs.push(Tf {
-                    epn: u32::MAX,
-                    issued: t,
-                    ready,
-                    bytes,
-                    sizes,
-                    flows: Vec::new(),
-                    left: 0,
-                    end: None,
-                });
-                match cfg.schedule {
-                    // The size the ICN can know before the data exist: the model's mean.
-                    SimSchedule::Timer => {
-                        let guess = (size.mean() * scale.flps as f64).round() as u64;
-                        sim.place_new(n, guess, t)?;
-                    }
-                    SimSchedule::OnData => {
-                        let heard = ready + secs(cfg.announce_us / 1e6);
-                        sim.q.at(heard, Ev::Place(n));
-                    }
-                }
+                stf_bytes_total += sim.issue(n, t, (scale.flps, size))?;
                 peak_flows = peak_flows.max(sim.net.active().len());
             }
             Ev::Place(n) => {
@@ -855,16 +889,17 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
     })
 }
 
-/// How long after its time TF `n`'s last STF is read out: the largest of the FLPs'
-/// uniform(0, readout_ms) delays, drawn from (seed, n) alone (order-independent).
-fn readout(cfg: &AliceConfig, flps: u32, n: u64) -> Time {
+/// How long after its time each FLP's STF of TF `n` is read out: uniform(0,
+/// readout_ms), drawn from (seed, n) alone (order-independent); empty: none at all.
+fn readout(cfg: &AliceConfig, flps: u32, n: u64) -> Vec<Time> {
     if cfg.readout_ms <= 0.0 {
-        return 0;
+        return Vec::new();
     }
     let mut rng =
         rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    let last = (0..flps).map(|_| rng.gen::<f64>()).fold(0.0, f64::max);
-    secs(last * cfg.readout_ms / 1e3)
+    (0..flps)
+        .map(|_| secs(rng.gen::<f64>() * cfg.readout_ms / 1e3))
+        .collect()
 }
 
 /// The run's policy with its parameters, as the runtime configures it.

@@ -204,10 +204,10 @@ impl IcnCore {
         // sources): they may free them now.
         // After RunStop they freed everything, and read no more: a frame then would
         // only make their close a reset that can lose their run-end counters.
-        let kept = self.cfg.run.cfg.reassign && row.epn.is_some();
-        let sized = self.ondata.sizes.remove(&row.tf_id).is_some();
+        self.ondata.sizes.remove(&row.tf_id);
+        let kept = self.cfg.run.on_data() || (self.cfg.run.cfg.reassign && row.epn.is_some());
         let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
-        if (sized || kept || self.cfg.run.on_data()) && !stopped {
+        if kept && !stopped {
             self.send_to_flps(Message::Release { tf_id: row.tf_id });
         }
     }

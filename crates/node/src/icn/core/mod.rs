@@ -240,6 +240,7 @@ impl IcnCore {
         metrics.new_run();
         let phase_deadline = (!cfg.hold_start).then_some(now + prerun_timeout);
         let window = window::Window::new(&cfg.run);
+        let ondata = ondata::OnData::new(cfg.run.cfg.flps);
         IcnCore {
             placer: Placer::new(cfg.run.cfg.build_policy()),
             registry_members: cfg.registry_members.clone(),
@@ -276,7 +277,7 @@ impl IcnCore {
             recent_members: VecDeque::new(),
             paused_at: None,
             paused_total: Duration::ZERO,
-            ondata: ondata::OnData::default(),
+            ondata,
             outbox: VecDeque::new(),
         }
     }

@@ -1,11 +1,11 @@
 //! On-data scheduling (`schedule = "on-data"`): the FLPs' STF announcements, a TF
 //! scheduled once every FLP announced it or when it goes stale, late and repeated STFs.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use fanin_proto::{Message, Reason, StfInfo};
-use fanin_sched::{FlpId, TfId};
+use fanin_sched::{FlpId, Gather, Heard, TfId};
 
 use super::{ConnId, IcnCore, Level, Now, Phase};
 use crate::config::{OnStale, MAX_STF_BYTES};
@@ -14,45 +14,13 @@ use crate::config::{OnStale, MAX_STF_BYTES};
 /// floor, also answered as over).
 const SCHEDULED_KEPT: usize = 1 << 20;
 
-/// One TF some FLPs announced: which, and the bytes so far.
-struct Announced {
-    flps: Vec<u64>,
-    count: u32,
-    bytes: u64,
-}
-
-impl Announced {
-    fn new(flps: u32) -> Announced {
-        let words = (flps as usize).div_ceil(64);
-        Announced {
-            flps: vec![0; words],
-            count: 0,
-            bytes: 0,
-        }
-    }
-
-    /// Adds an FLP's STF; false if it had announced this TF already.
-    fn add(&mut self, flp: FlpId, size: u64) -> bool {
-        let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
-        if self.flps[w] & bit != 0 {
-            return false;
-        }
-        self.flps[w] |= bit;
-        self.count += 1;
-        self.bytes = self.bytes.saturating_add(size);
-        true
-    }
-}
-
-/// The ICN's view of the data: TFs announced but not scheduled, in arrival order.
-#[derive(Default)]
+/// The ICN's view of the data: TFs announced (the rule is `fanin_sched::Gather`'s),
+/// complete ones waiting for a pause to end, what was scheduled.
 pub(crate) struct OnData {
-    announced: BTreeMap<TfId, Announced>,
-    /// When each TF was first announced, in run time without pauses (oldest first):
-    /// its stale deadline.
-    arrivals: VecDeque<(Now, TfId)>,
-    /// TFs every FLP announced, to schedule (in order) when not paused.
-    complete: VecDeque<TfId>,
+    /// Announced and not complete; first heard of in run time without pauses.
+    gather: Gather<Now>,
+    /// TFs every FLP announced, to schedule in TF-id order when not paused: bytes.
+    complete: BTreeMap<TfId, u64>,
     /// TFs scheduled (recent ones), and below `floor` all are taken as scheduled.
     scheduled: BTreeSet<TfId>,
     floor: TfId,
@@ -63,6 +31,17 @@ pub(crate) struct OnData {
 }
 
 impl OnData {
+    pub(crate) fn new(flps: u32) -> OnData {
+        OnData {
+            gather: Gather::new(flps),
+            complete: BTreeMap::new(),
+            scheduled: BTreeSet::new(),
+            floor: 0,
+            sizes: HashMap::new(),
+            sources_ended: BTreeSet::new(),
+        }
+    }
+
     fn was_scheduled(&self, tf: TfId) -> bool {
         tf < self.floor || self.scheduled.contains(&tf)
     }
@@ -88,7 +67,7 @@ impl IcnCore {
 
     /// TFs announced and not scheduled (reported when the run ends).
     pub(super) fn unscheduled(&self) -> usize {
-        self.ondata.announced.len()
+        self.ondata.gather.len() + self.ondata.complete.len()
     }
 
     /// An FLP joined the run again: its (new) source produces again.
@@ -135,26 +114,22 @@ impl IcnCore {
             self.send(conn, Message::Release { tf_id: tf });
             return;
         }
-        let flps = self.cfg.run.cfg.flps;
-        let now = self.active_now();
-        let d = &mut self.ondata;
-        let entry = d.announced.entry(tf).or_insert_with(|| {
-            d.arrivals.push_back((now, tf));
-            Announced::new(flps)
-        });
-        if flp < flps && entry.add(flp, s.size) && entry.count == flps {
-            d.complete.push_back(tf);
+        if self.ondata.complete.contains_key(&tf) {
+            return; // complete already, waiting for the pause to end
         }
-        // Bounded: past max_inflight TFs announced and waiting, the oldest is scheduled
-        // as it is (stale unless complete). A paused run holds them all (the FLPs'
-        // buffers bound them).
-        while self.ondata.announced.len() as u64 > self.cfg.run.cfg.max_inflight
+        let now = self.active_now();
+        if let Heard::Complete { bytes } = self.ondata.gather.announce(tf, flp, s.size, now) {
+            self.ondata.complete.insert(tf, bytes);
+        }
+        // Bounded: past max_inflight TFs announced and not complete, the oldest goes
+        // stale. A paused run holds them all (the FLPs' buffers bound them).
+        while self.ondata.gather.len() as u64 > self.cfg.run.cfg.max_inflight
             && self.paused_at.is_none()
         {
-            let Some((_, oldest)) = self.ondata.arrivals.pop_front() else {
+            let Some((oldest, bytes)) = self.ondata.gather.pop_oldest() else {
                 break;
             };
-            self.stale(oldest);
+            self.stale(oldest, bytes);
         }
     }
 
@@ -179,52 +154,37 @@ impl IcnCore {
         if self.phase != Phase::Running || self.paused_at.is_some() {
             return;
         }
-        while let Some(tf) = self.ondata.complete.pop_front() {
-            if let Some(a) = self.ondata.announced.remove(&tf) {
-                self.schedule(tf, a.bytes);
-            }
+        while let Some((tf, bytes)) = self.ondata.complete.pop_first() {
+            self.schedule(tf, bytes);
             if self.phase != Phase::Running {
                 return;
             }
         }
-        let (stale, now) = (self.stale_after(), self.active_now());
-        while let Some(&(at, tf)) = self.ondata.arrivals.front() {
-            let gone = !self.ondata.announced.contains_key(&tf);
-            if !gone && at + stale > now {
-                break;
-            }
-            self.ondata.arrivals.pop_front();
-            if !gone {
-                self.stale(tf);
-            }
+        // Stale: first heard of `stf_stale_ms` ago or longer (none yet early in a run).
+        let before = self.active_now().checked_sub(self.stale_after());
+        while let Some((tf, bytes)) = before.and_then(|b| self.ondata.gather.pop_stale(b)) {
+            self.stale(tf, bytes);
             if self.phase != Phase::Running {
                 return;
             }
         }
         let flps = self.cfg.run.cfg.flps as usize;
-        if self.ondata.sources_ended.len() >= flps && self.ondata.announced.is_empty() {
+        if self.ondata.sources_ended.len() >= flps && self.unscheduled() == 0 {
             self.begin_drain();
         }
     }
 
     /// When the oldest announced TF goes stale (None: nothing waits, or paused).
     pub(super) fn stale_deadline(&self) -> Option<Now> {
-        let (at, _) = self.ondata.arrivals.front()?;
-        let at = *at + self.stale_after() + self.paused_total;
+        let at = self.ondata.gather.first_arrival()? + self.stale_after() + self.paused_total;
         self.paused_at.is_none().then_some(at)
     }
 
     /// A TF not every FLP announced in time: built from what exists, or dropped.
-    fn stale(&mut self, tf: TfId) {
-        let Some(a) = self.ondata.announced.remove(&tf) else {
-            return; // scheduled already
-        };
-        if a.count == self.cfg.run.cfg.flps {
-            return self.schedule(tf, a.bytes); // complete after all (a bound's eviction)
-        }
+    fn stale(&mut self, tf: TfId, bytes: u64) {
         self.metrics.tf("stale", "stf_stale");
         match self.cfg.run.cfg.on_stale {
-            OnStale::Incomplete => self.schedule(tf, a.bytes),
+            OnStale::Incomplete => self.schedule(tf, bytes),
             OnStale::Drop => {
                 self.count_scheduled(tf);
                 let row = self
