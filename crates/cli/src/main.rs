@@ -47,6 +47,9 @@ enum Cmd {
     Epn(EpnArgs),
     /// Discrete-event simulation of event building (ANTARES presets, TCP/UDP).
     Sim(sim::SimArgs),
+    /// The fault campaign: random clusters and fault schedules run through the real node
+    /// code in simulated time, every promise checked; a failure prints its replay.
+    Chaos(fanin_lab::chaos::ChaosArgs),
     /// Benchmarks that print fanin's figures beside a reference measured in the same run.
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -276,7 +279,9 @@ fn check(cmd: Cmd) -> anyhow::Result<()> {
                 cfg.cfg.flps, cfg.cfg.epns
             )
         }
-        Cmd::Bench(_) | Cmd::Testbed(_) | Cmd::Trigger { .. } | Cmd::Ctl(_) => "arguments".into(),
+        Cmd::Bench(_) | Cmd::Testbed(_) | Cmd::Trigger { .. } | Cmd::Ctl(_) | Cmd::Chaos(_) => {
+            "arguments".into()
+        }
         Cmd::Inspect { files, .. } => {
             for f in &files {
                 anyhow::ensure!(f.is_file(), "{}: no such file", f.display());
@@ -391,6 +396,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         Cmd::Epn(a) => epn::run(epn_options(&a)?).await,
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Sim(a) => sim::run(a, false),
+        Cmd::Chaos(a) => fanin_lab::chaos::run(&a),
         Cmd::Inspect { files, quiet } => inspect(&files, quiet),
         Cmd::Report { dir } => {
             println!("{}", fanin_lab::run_report::write(&dir)?.display());

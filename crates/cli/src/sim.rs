@@ -7,7 +7,7 @@ use clap::Args;
 use fanin_sim::workload::Bio;
 use fanin_sim::{SimConfig, Transport};
 
-use fanin_sim::experiment::{fabric, flow, model_of, packet, Model};
+use fanin_sim::experiment::{fabric, flow, model_of, nodes, packet, Model};
 
 #[derive(Args)]
 pub struct SimArgs {
@@ -125,8 +125,17 @@ impl SimArgs {
         if matches!(model, Model::Fabric | Model::Build) && self.duration.is_some() {
             given.push("--duration");
         }
-        if model == Model::Build && self.seed.is_some() {
+        if matches!(model, Model::Build | Model::Nodes) && self.seed.is_some() {
             given.push("--seed");
+        }
+        if model == Model::Nodes {
+            // The scenario's [run] table holds its duration and seed.
+            if self.duration.is_some() {
+                given.push("--duration");
+            }
+            if !self.only.is_empty() {
+                given.push("--only");
+            }
         }
         given
     }
@@ -150,6 +159,12 @@ pub fn run(a: SimArgs, check: bool) -> anyhow::Result<()> {
     match (model, &a.file) {
         (Model::Fabric, Some(f)) => fabric::run_file(f, &a.results, &a.only, a.seed),
         (Model::Build, Some(f)) => fabric::run_build_file(f, &a.results, &a.only),
+        (Model::Nodes, Some(f)) => {
+            // The cores' own log lines go to log.txt, not the terminal.
+            let quiet = tracing::subscriber::NoSubscriber::default();
+            tracing::subscriber::with_default(quiet, || nodes::run_file(f, &a.results))?;
+            Ok(())
+        }
         (Model::Flow, f) => {
             let exp = match f {
                 Some(f) => flow::load(f)?,

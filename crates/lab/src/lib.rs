@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_metrics;
 pub mod bench_sink;
 pub mod bench_source;
+pub mod chaos;
 pub mod cluster;
 pub mod ctl;
 pub mod experiment;

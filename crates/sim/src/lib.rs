@@ -9,6 +9,7 @@ pub mod experiment;
 pub mod fabric;
 pub mod flow;
 pub mod net;
+pub mod nodes;
 pub mod stats;
 pub mod tcp;
 pub mod workload;

@@ -7,6 +7,7 @@
 
 pub mod fabric;
 pub mod flow;
+pub mod nodes;
 pub mod packet;
 
 use std::path::Path;
@@ -25,10 +26,18 @@ pub enum Model {
     Fabric,
     /// Event building over a fat tree: `[build]` + `[[run]]`.
     Build,
+    /// The real node cores in simulated time: `[run]` + `[net]` + `[[fault]]`.
+    Nodes,
 }
 
 impl Model {
-    pub const ALL: [Model; 4] = [Model::Packet, Model::Flow, Model::Fabric, Model::Build];
+    pub const ALL: [Model; 5] = [
+        Model::Packet,
+        Model::Flow,
+        Model::Fabric,
+        Model::Build,
+        Model::Nodes,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -36,6 +45,7 @@ impl Model {
             Model::Flow => "flow",
             Model::Fabric => "fabric",
             Model::Build => "build",
+            Model::Nodes => "nodes",
         }
     }
 
@@ -46,6 +56,7 @@ impl Model {
             Model::Flow => "alice",
             Model::Fabric => "fabric",
             Model::Build => "build",
+            Model::Nodes => "run",
         }
     }
 
@@ -156,6 +167,10 @@ pub fn check(path: &Path, only: &[String]) -> anyhow::Result<(Model, usize)> {
             keep_only(&mut r.rows, only, |r| &r.label)?;
             r.rows.len() * r.policies.len()
         }
+        Model::Nodes => {
+            nodes::load(path)?;
+            1
+        }
     };
     Ok((model, rows))
 }
@@ -183,7 +198,7 @@ fn model_of_doc(doc: &Table) -> anyhow::Result<Model> {
     }
     let present: Vec<Model> = Model::ALL
         .into_iter()
-        .filter(|m| doc.contains_key(m.table()))
+        .filter(|&m| m != Model::Nodes && doc.contains_key(m.table()))
         .collect();
     match present[..] {
         [m] => Ok(m),
@@ -224,7 +239,7 @@ mod tests {
         let e = model_of_doc(&doc("model = \"quantum\"\n")).unwrap_err();
         assert!(
             e.to_string()
-                .contains("none of packet, flow, fabric, build"),
+                .contains("none of packet, flow, fabric, build, nodes"),
             "{e}"
         );
         let e = model_of_doc(&doc("model = \"flow\"\n[sim]\n")).unwrap_err();

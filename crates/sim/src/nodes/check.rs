@@ -1,0 +1,92 @@
+//! The promises every simulated run is held to: every TF accounted once, none completed
+//! twice or at two EPNs, ids never reused, byte limits kept, the run ends; and, where
+//! the scenario allows it, zero TFs lost (EPN crashes with re-assignment on).
+
+use std::collections::BTreeSet;
+
+use fanin_proto::TfStatus;
+
+use super::Outcome;
+
+/// What a scenario promises beyond accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Faults may cost TFs, but each must end once with a named reason.
+    Accounted,
+    /// Only EPN crashes, re-assignment on, room enough: every TF completes.
+    ZeroLoss,
+}
+
+/// Every broken promise, as one line each (none: the run kept them all).
+pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
+    let mut v = Vec::new();
+    let s = &o.summary;
+    if !o.ended {
+        v.push(format!(
+            "the run did not end ({:.1} s simulated)",
+            o.sim_ns as f64 / 1e9
+        ));
+    }
+    if !s.invariant_ok || s.issued != s.completed + s.incomplete + s.dropped {
+        v.push(format!(
+            "invariant: issued {} != completed {} + incomplete {} + dropped {}",
+            s.issued, s.completed, s.incomplete, s.dropped
+        ));
+    }
+    let by_reason: u64 = s.dropped_by_reason.values().sum();
+    if by_reason != s.dropped {
+        v.push(format!("dropped {} but {by_reason} by reason", s.dropped));
+    }
+    v.extend(rows(o));
+    for (tf, epns) in &o.seen.complete_reports {
+        if epns.len() > 1 {
+            v.push(format!(
+                "TF {tf} completed {} times (EPNs {epns:?})",
+                epns.len()
+            ));
+        }
+    }
+    v.extend(o.seen.over_limit.iter().cloned());
+    if expect == Expect::ZeroLoss && s.completed != s.issued {
+        v.push(format!(
+            "zero loss: {} of {} TFs completed (incomplete {:?}, dropped {:?})",
+            s.completed, s.issued, s.incomplete_by_reason, s.dropped_by_reason
+        ));
+    }
+    v
+}
+
+/// The rows: one per TF issued, ids unique and never beyond the count, a completed
+/// TF's EPN the one that reported it.
+fn rows(o: &Outcome) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut ids = BTreeSet::new();
+    for r in &o.rows {
+        if !ids.insert(r.tf_id) {
+            v.push(format!("TF {} ended twice in tfs.csv (id reused)", r.tf_id));
+        }
+        if r.tf_id >= o.summary.issued {
+            v.push(format!(
+                "TF {} beyond the {} issued",
+                r.tf_id, o.summary.issued
+            ));
+        }
+        if r.status == TfStatus::Complete {
+            let reported = o.seen.complete_reports.get(&r.tf_id);
+            if !reported.is_some_and(|e| r.epn.is_some_and(|x| e.contains(&x))) {
+                v.push(format!(
+                    "TF {} complete at EPN {:?}, which never reported it",
+                    r.tf_id, r.epn
+                ));
+            }
+        }
+    }
+    if ids.len() as u64 != o.summary.issued {
+        v.push(format!(
+            "{} TFs in tfs.csv, {} issued",
+            ids.len(),
+            o.summary.issued
+        ));
+    }
+    v
+}

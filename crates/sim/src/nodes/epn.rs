@@ -1,0 +1,172 @@
+//! The nodes model's EPN shell: what `fanin epn` does with sockets and tasks, done with
+//! events. The decisions are the unchanged `EpnCore`'s and `Builder`'s.
+//!
+//! An incarnation joins, builds its core at Prepare, says Ready, ticks every 20 ms,
+//! takes arriving STFs into its byte-limited build buffer (no room: lost, named), and
+//! leaves with its counters once the core says it stopped.
+
+use std::sync::Arc;
+
+use fanin_node::budget::ByteBudget;
+use fanin_node::config::check_prepare;
+use fanin_node::epn::builder::Builder;
+use fanin_node::epn::core::{Action, EpnCore, Input};
+use fanin_node::flp::core::StfJob;
+use fanin_node::icn::core::ConnId;
+use fanin_node::metrics::Metrics;
+use fanin_proto::{Message, Reason, Role};
+
+use super::net::End;
+use super::world::{Ev, World, REJOIN};
+use crate::engine::{Time, MS};
+
+const TICK: Time = 20 * MS;
+
+/// TFs in building at once (`fanin epn --max-building`'s default).
+const MAX_BUILDING: usize = 4096;
+
+pub enum EpnState {
+    Joining,
+    Running(Box<EpnRun>),
+}
+
+/// The payload of a simulated STF: its length.
+type Len = u64;
+
+pub struct EpnRun {
+    pub core: EpnCore<Len>,
+    budget: ByteBudget,
+    metrics: Arc<Metrics>,
+}
+
+impl World {
+    fn epn_run(&mut self, i: u32) -> Option<&mut EpnRun> {
+        match self.epns[i as usize].state.as_mut()? {
+            EpnState::Running(r) => Some(r),
+            EpnState::Joining => None,
+        }
+    }
+
+    pub fn epn_control(&mut self, i: u32, conn: ConnId, msg: Message) {
+        if self.epn_run(i).is_some() {
+            return self.epn_feed(i, conn, Input::Control(msg));
+        }
+        match msg {
+            Message::Prepare(p) => self.epn_prepare(i, conn, p),
+            Message::RunStop { .. } => self.leave(End::Epn(i), conn, None),
+            Message::Reject { reason, code } => {
+                self.seen.log.push(format!("EPN {i}: rejected: {reason}"));
+                self.end_incarnation(End::Epn(i));
+                if code.transient() {
+                    self.q.after(2 * REJOIN, Ev::Start(End::Epn(i)));
+                } else {
+                    self.epns[i as usize].gone = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn epn_prepare(&mut self, i: u32, conn: ConnId, p: fanin_proto::Prepare) {
+        let limit = self.run.epn_buffer;
+        if let Err(e) = check_prepare(&p, ("--build-buffer", limit)) {
+            self.seen.log.push(format!("EPN {i}: {e:#}"));
+            return self.leave(End::Epn(i), conn, None);
+        }
+        let metrics = Metrics::new("epn", Some(i));
+        let timeout_us = u64::from(p.build_timeout_ms) * 1000;
+        let builder = Builder::new(i, p.flps, timeout_us, MAX_BUILDING);
+        let run = EpnRun {
+            core: EpnCore::new(builder, None, metrics.clone()),
+            budget: ByteBudget::new(limit),
+            metrics,
+        };
+        self.epns[i as usize].state = Some(EpnState::Running(Box::new(run)));
+        let ready = Message::Ready {
+            role: Role::Epn,
+            node_id: i,
+            connected: 0,
+        };
+        self.send_icn(conn, ready);
+        self.q.after(TICK, Ev::Tick { conn });
+    }
+
+    pub fn epn_tick(&mut self, i: u32, conn: ConnId) {
+        let Some(run) = self.epn_run(i) else { return };
+        let free_bytes = run.budget.limit() - run.budget.used();
+        self.epn_feed(i, conn, Input::Tick { free_bytes });
+        self.q.after(TICK, Ev::Tick { conn });
+    }
+
+    /// An STF arrived at the EPN incarnation `to` (if it still lives).
+    pub fn arrived(&mut self, flp: u32, to: ConnId, job: StfJob) {
+        let Some(End::Epn(i)) = self.current(to) else {
+            return;
+        };
+        let Some(run) = self.epn_run(i) else { return };
+        let input = if run.budget.try_reserve(job.len) {
+            Input::Stf {
+                tf: job.tf,
+                flp,
+                target: job.epn,
+                bytes: job.len,
+                payload: job.len,
+            }
+        } else {
+            Input::Lost {
+                tf: job.tf,
+                reason: Reason::EpnBufferFull,
+            }
+        };
+        self.epn_feed(i, to, input);
+    }
+
+    fn epn_feed(&mut self, i: u32, conn: ConnId, input: Input<Len>) {
+        let now_us = self.q.now() / 1000;
+        let Some(run) = self.epn_run(i) else { return };
+        run.core.handle(now_us, input);
+        let actions: Vec<_> = std::iter::from_fn(|| run.core.poll_action()).collect();
+        let building = run.core.builder().building();
+        let mut stopped = false;
+        for a in actions {
+            match a {
+                Action::Control(m) | Action::ControlLossy(m) => self.send_icn(conn, m),
+                Action::Free(len) => self.epn_run(i).expect("running").budget.release(len),
+                Action::Deliver(_) => unreachable!("the nodes model's EPNs have no sinks"),
+                Action::Die { .. } => unreachable!("the nodes model kills by its faults"),
+                Action::Stopped => stopped = true,
+            }
+        }
+        if building > MAX_BUILDING {
+            let line = format!("EPN {i}: {building} TFs in building, over {MAX_BUILDING}");
+            self.seen.over_limit.push(line);
+        }
+        if stopped {
+            let metrics = self.epn_run(i).map(|r| r.metrics.clone());
+            self.leave(End::Epn(i), conn, metrics);
+        }
+    }
+
+    /// The run ended for this node: its counters (when it ran) to the ICN, then close.
+    pub fn leave(&mut self, end: End, conn: ConnId, metrics: Option<Arc<Metrics>>) {
+        let (role, node_id) = match end {
+            End::Flp(i) => (Role::Flp, i),
+            End::Epn(i) => (Role::Epn, i),
+            End::Icn => unreachable!("only nodes leave"),
+        };
+        let counters = metrics.map_or_else(Vec::new, |m| m.run_snapshot());
+        let stats = fanin_proto::NodeStats {
+            role,
+            node_id,
+            counters,
+        };
+        self.send_icn(conn, Message::NodeStats(stats));
+        self.close_from_node(conn, None);
+        self.end_incarnation(end);
+        match end {
+            End::Flp(i) => self.flps[i as usize].gone = true,
+            End::Epn(i) => self.epns[i as usize].gone = true,
+            End::Icn => {}
+        }
+    }
+}

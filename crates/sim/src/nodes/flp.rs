@@ -1,0 +1,268 @@
+//! The nodes model's FLP shell: what `fanin flp` does with sockets and tasks, done with
+//! events. The decisions are the unchanged `FlpCore`'s; this only moves frames and STFs.
+//!
+//! An incarnation joins (Prepare and EPN list), connects to every EPN, says Ready,
+//! heartbeats every 100 ms, writes STFs through the simulated network and leaves with
+//! its counters after RunStop once nothing is on the wire.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use fanin_node::config::check_prepare;
+use fanin_node::flp::core::{Action, FlpCore, Input, StfJob};
+use fanin_node::icn::core::ConnId;
+use fanin_node::metrics::Metrics;
+use fanin_proto::{EpnEntry, Message, Prepare, Role, Schedule};
+use fanin_sched::EpnId;
+
+use super::epn::EpnState;
+use super::world::{Ev, World, REJOIN};
+use crate::engine::{Time, MS};
+
+const HEARTBEAT: Time = 100 * MS;
+
+pub enum FlpState {
+    /// Before the run: the parameters and the EPN list, in either order.
+    Joining {
+        prep: Option<Prepare>,
+        list: Option<Vec<EpnEntry>>,
+    },
+    Running(Box<FlpRun>),
+}
+
+impl FlpState {
+    pub fn joining() -> FlpState {
+        FlpState::Joining {
+            prep: None,
+            list: None,
+        }
+    }
+}
+
+pub struct FlpRun {
+    pub core: FlpCore,
+    metrics: Arc<Metrics>,
+    /// The EPN incarnations (control connections) it has a data connection to.
+    data: BTreeMap<EpnId, ConnId>,
+    /// STFs on the wire.
+    writing: u32,
+    stopping: bool,
+}
+
+impl World {
+    fn flp_run(&mut self, i: u32) -> Option<&mut FlpRun> {
+        match self.flps[i as usize].state.as_mut()? {
+            FlpState::Running(r) => Some(r),
+            FlpState::Joining { .. } => None,
+        }
+    }
+
+    pub fn flp_control(&mut self, i: u32, conn: ConnId, msg: Message) {
+        if self.flp_run(i).is_some() {
+            return self.flp_feed(i, conn, Input::Control(msg));
+        }
+        let Some(FlpState::Joining { prep, list }) = self.flps[i as usize].state.as_mut() else {
+            return;
+        };
+        match msg {
+            Message::Prepare(p) => *prep = Some(p),
+            Message::EpnList(l) => *list = Some(l),
+            Message::RunStop { .. } => return self.leave(super::net::End::Flp(i), conn, None),
+            Message::Reject { code, reason } => return self.rejected(i, code.transient(), reason),
+            _ => return,
+        }
+        if let (Some(p), Some(l)) = (prep.clone(), list.clone()) {
+            self.flp_prepare(i, conn, p, l);
+        }
+    }
+
+    /// The run's parameters are known: the core, and a data connection to every EPN.
+    fn flp_prepare(&mut self, i: u32, conn: ConnId, prep: Prepare, list: Vec<EpnEntry>) {
+        let limit = self.run.flp_buffer;
+        let size = match check_prepare(&prep, ("--send-buffer", limit)) {
+            Ok(s) => s,
+            Err(e) => {
+                self.seen.log.push(format!("FLP {i}: {e:#}"));
+                return self.leave(super::net::End::Flp(i), conn, None);
+            }
+        };
+        let mut data = BTreeMap::new();
+        for e in &list {
+            match self.data_addrs.get(&e.addr) {
+                Some(&to) if self.epn_running(e.epn_id, to) => {
+                    data.insert(e.epn_id, to);
+                }
+                // An EPN that is gone: leave, and join again (as `fanin flp` does).
+                _ => return self.flp_lost(i, conn),
+            }
+        }
+        let metrics = Metrics::new("flp", Some(i));
+        let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
+        let on_data = prep.schedule == Schedule::OnData;
+        let core = FlpCore::new(
+            i,
+            (size, prep.seed, prep.retain, on_data),
+            limit,
+            &epns,
+            metrics.clone(),
+        );
+        let run = FlpRun {
+            core,
+            metrics,
+            data,
+            writing: 0,
+            stopping: false,
+        };
+        self.flps[i as usize].state = Some(FlpState::Running(Box::new(run)));
+        // TCP connects and the data handshakes: one round trip.
+        self.q
+            .after(2 * self.net.latency(), Ev::FlpConnected { conn });
+    }
+
+    pub fn epn_running(&self, epn: EpnId, to: ConnId) -> bool {
+        let s = &self.epns[epn as usize];
+        s.conn == Some(to) && matches!(s.state, Some(EpnState::Running(_)))
+    }
+
+    pub fn flp_connected(&mut self, conn: ConnId) {
+        let Some(super::net::End::Flp(i)) = self.current(conn) else {
+            return;
+        };
+        let Some(run) = self.flp_run(i) else { return };
+        let connected = run.data.len() as u32;
+        let ready = Message::Ready {
+            role: Role::Flp,
+            node_id: i,
+            connected,
+        };
+        self.send_icn(conn, ready);
+        self.q.after(HEARTBEAT, Ev::Tick { conn });
+    }
+
+    pub fn flp_tick(&mut self, i: u32, conn: ConnId) {
+        if self.flp_run(i).is_some_and(|r| !r.stopping) {
+            self.flp_feed(i, conn, Input::Heartbeat);
+            self.q.after(HEARTBEAT, Ev::Tick { conn });
+        }
+    }
+
+    /// Feeds the core one input, carries out its actions (a write that cannot start
+    /// comes back at once as a failed send), and leaves once stopped and idle.
+    pub fn flp_feed(&mut self, i: u32, conn: ConnId, input: Input) {
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            let Some(run) = self.flp_run(i) else { return };
+            run.core.handle(input);
+            let actions: Vec<Action> = std::iter::from_fn(|| run.core.poll_action()).collect();
+            for a in actions {
+                inputs.extend(self.flp_act(i, conn, a));
+            }
+        }
+        let Some(run) = self.flp_run(i) else { return };
+        let (used, limit) = (run.core.buffered(), run.core.limit());
+        let done = (run.stopping && run.writing == 0).then(|| run.metrics.clone());
+        if used > limit {
+            let line = format!("FLP {i}: send buffer {used} over {limit}");
+            self.seen.over_limit.push(line);
+        }
+        if let Some(metrics) = done {
+            self.leave(super::net::End::Flp(i), conn, Some(metrics));
+        }
+    }
+
+    fn flp_act(&mut self, i: u32, conn: ConnId, a: Action) -> Option<Input> {
+        match a {
+            Action::Control(m) | Action::ControlLossy(m) => self.send_icn(conn, m),
+            Action::Queue(job) => return self.write_stf(i, conn, job),
+            Action::Connect(e) => {
+                let to = self.data_addrs.get(&e.addr).copied().unwrap_or(0);
+                let ev = Ev::DataConnected {
+                    flp: conn,
+                    epn: e.epn_id,
+                    to,
+                };
+                self.q.after(2 * self.net.latency(), ev);
+            }
+            Action::Stop => self.flp_run(i).expect("running").stopping = true,
+            Action::Free(_) => {}
+        }
+        None
+    }
+
+    /// Starts writing an STF on its EPN's data connection (none: failed at once).
+    fn write_stf(&mut self, i: u32, conn: ConnId, job: StfJob) -> Option<Input> {
+        let now = self.q.now();
+        let run = self.flp_run(i).expect("running");
+        let Some(&to) = run.data.get(&job.epn) else {
+            return Some(Input::Sent { job, ok: false });
+        };
+        run.writing += 1;
+        let (written, arrive) = self.net.stf(now, i, job.epn, job.len);
+        let ev = Ev::Written {
+            flp: conn,
+            to,
+            job,
+            arrive,
+        };
+        self.q.at(written, ev);
+        None
+    }
+
+    /// An STF left the FLP: it arrives if its connection still stands.
+    pub fn written(&mut self, conn: ConnId, to: ConnId, job: StfJob, arrive: Time) {
+        let Some(super::net::End::Flp(i)) = self.current(conn) else {
+            return;
+        };
+        let epn_alive = self.epns[job.epn as usize].conn == Some(to);
+        let Some(run) = self.flp_run(i) else { return };
+        run.writing -= 1;
+        let ok = epn_alive && run.data.get(&job.epn) == Some(&to);
+        if ok {
+            // A frozen FLP wrote late: its bytes arrive no earlier than now.
+            let at = arrive.max(self.q.now());
+            self.q.at(at, Ev::Arrived { flp: i, to, job });
+        } else {
+            run.data.remove(&job.epn);
+        }
+        self.flp_feed(i, conn, Input::Sent { job, ok });
+    }
+
+    pub fn data_connected(&mut self, conn: ConnId, epn: EpnId, to: ConnId) {
+        let Some(super::net::End::Flp(i)) = self.current(conn) else {
+            return;
+        };
+        let ok = self.epn_running(epn, to);
+        let Some(run) = self.flp_run(i) else { return };
+        if ok {
+            run.data.insert(epn, to);
+        }
+        self.flp_feed(i, conn, Input::Connected { epn, ok });
+    }
+
+    /// Fault: the FLP's data connection to `epn` is reset.
+    pub fn reset_data(&mut self, i: u32, epn: EpnId) {
+        if let Some(run) = self.flp_run(i) {
+            run.data.remove(&epn);
+        }
+    }
+
+    /// The FLP cannot start its run (an EPN is gone): it leaves and joins again.
+    fn flp_lost(&mut self, i: u32, conn: ConnId) {
+        let end = super::net::End::Flp(i);
+        self.end_incarnation(end);
+        self.close_from_node(conn, None);
+        self.q.after(REJOIN, Ev::Start(end));
+    }
+
+    /// Refused by the ICN: try again later when that can help, else give up.
+    pub fn rejected(&mut self, i: u32, transient: bool, reason: String) {
+        self.seen.log.push(format!("FLP {i}: rejected: {reason}"));
+        let end = super::net::End::Flp(i);
+        self.end_incarnation(end);
+        if transient {
+            self.q.after(2 * REJOIN, Ev::Start(end));
+        } else {
+            self.flps[i as usize].gone = true;
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! The nodes model: the ICN, FLP and EPN cores of fanin-node, unchanged, in simulated
+//! time over a simulated network, with faults; same scenario and seed, same bytes out.
+//!
+//! A scenario is the runtime's own `[run]` table (a `fanin run` experiment's), the
+//! network (`[net]`) and a fault schedule (`[[fault]]`). `simulate` runs it to the ICN's
+//! summary; `check` holds the outcome against every promise; `chaos` draws scenarios.
+
+pub mod chaos;
+pub mod check;
+mod epn;
+pub mod fault;
+mod flp;
+pub mod net;
+mod world;
+
+use anyhow::Context;
+use fanin_node::icn::ledger::TfRow;
+use fanin_node::{RunConfig, Summary};
+use serde::{Deserialize, Serialize};
+
+pub use fault::{Fault, FaultKind, Peer};
+pub use net::NetConfig;
+pub use world::Seen;
+
+use crate::engine::{Time, SEC};
+
+/// One simulated run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub run: RunConfig,
+    #[serde(default)]
+    pub net: NetConfig,
+    #[serde(default, rename = "fault")]
+    pub faults: Vec<Fault>,
+}
+
+/// What a simulated run produced.
+pub struct Outcome {
+    pub summary: Summary,
+    /// The ICN's `tfs.csv` rows, in the order it wrote them.
+    pub rows: Vec<TfRow>,
+    /// The ICN reached its end (not the simulated-time limit).
+    pub ended: bool,
+    pub seen: Seen,
+    /// Simulated time at the end.
+    pub sim_ns: Time,
+    pub events: u64,
+}
+
+impl Scenario {
+    /// The checked run configuration, or a one-line error naming the field.
+    pub fn checked(&self) -> anyhow::Result<fanin_node::config::Checked> {
+        anyhow::ensure!(
+            self.run.registry == fanin_node::config::Registry::Embedded,
+            "run.registry: the nodes model has no ZooKeeper; leave it unset"
+        );
+        anyhow::ensure!(
+            self.net.link_gbps > 0.0 && self.net.link_gbps.is_finite(),
+            "net.link_gbps must be a positive number"
+        );
+        for f in &self.faults {
+            f.check(self.run.flps, self.run.epns)
+                .map_err(anyhow::Error::msg)?;
+        }
+        self.run.check().context("run")
+    }
+
+    /// Simulated time after which a run that has not ended is a failure: its length,
+    /// the pre-run and drain time-outs, and a minute.
+    fn limit(&self, c: &fanin_node::config::Checked) -> Time {
+        let tfs = c.total_tfs.unwrap_or(0) as f64;
+        let length = match (c.configured_duration, self.run.rate_hz > 0.0) {
+            (Some(d), _) => d.as_secs_f64(),
+            (None, true) => tfs / self.run.rate_hz,
+            (None, false) => tfs * 1e-3,
+        };
+        let faults = self.faults.iter().map(|f| f.at_ms).max().unwrap_or(0) as f64 / 1e3;
+        let s = length.max(faults) + self.run.prerun_timeout_s + 60.0;
+        (s * SEC as f64) as Time
+    }
+}
+
+/// Runs a scenario to its end (or its time limit).
+pub fn simulate(s: &Scenario) -> anyhow::Result<Outcome> {
+    let checked = s.checked()?;
+    let limit = s.limit(&checked);
+    let mut w = world::World::new(checked, net::Net::new(s.net), s.faults.clone());
+    let (summary, ended) = w.run(limit);
+    Ok(Outcome {
+        summary,
+        rows: std::mem::take(&mut w.rows),
+        ended,
+        sim_ns: w.q.now(),
+        events: w.q.processed,
+        seen: std::mem::take(&mut w.seen),
+    })
+}
+
+impl Outcome {
+    /// The ICN's `tfs.csv`, as the runtime writes it.
+    pub fn tfs_csv(&self) -> String {
+        let mut out = String::from("tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason\n");
+        for r in &self.rows {
+            let epn = r.epn.map_or(String::new(), |e| e.to_string());
+            let (i, a) = (r.issued_us as f64 / 1e6, r.ended_us as f64 / 1e6);
+            let lat = (r.ended_us.saturating_sub(r.issued_us)) as f64 / 1e3;
+            out += &format!(
+                "{},{epn},{i:.6},{a:.6},{lat:.3},{},{}\n",
+                r.tf_id,
+                r.status.name(),
+                r.reason.name()
+            );
+        }
+        out
+    }
+}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,184 @@
+//! The nodes model end to end: a plain run, determinism, zero loss through EPN kills,
+//! every fault kind accounted, and a small chaos campaign.
+
+use super::chaos::{self, Tally};
+use super::check::{violations, Expect};
+use super::*;
+
+fn scenario(flps: u32, epns: u32, tfs: u64, faults: Vec<Fault>) -> Scenario {
+    let run = RunConfig {
+        flps,
+        epns,
+        rate_hz: 600.0,
+        tfs: Some(tfs),
+        duration_s: None,
+        stf_size: "128KiB".into(),
+        reassign: true,
+        prerun_timeout_s: 10.0,
+        ..RunConfig::default()
+    };
+    // 1 Gbit/s links: 128 KiB STFs take 1 ms each, so kills find TFs in flight.
+    let net = NetConfig {
+        latency_us: 50,
+        link_gbps: 1.0,
+    };
+    Scenario { run, net, faults }
+}
+
+#[test]
+fn a_plain_run_completes_every_tf_round_robin() {
+    let o = simulate(&scenario(2, 3, 300, vec![])).unwrap();
+    assert!(o.ended);
+    assert_eq!(
+        o.summary.completed, 300,
+        "{:?}",
+        o.summary.dropped_by_reason
+    );
+    assert!(violations(&o, Expect::ZeroLoss).is_empty());
+    // Round robin over 3 EPNs: TF n at EPN n mod 3.
+    for r in &o.rows {
+        assert_eq!(r.epn, Some((r.tf_id % 3) as u32), "TF {}", r.tf_id);
+    }
+    assert_eq!(
+        o.summary.nodes.len(),
+        5,
+        "every node's counters: {:?}",
+        o.summary.nodes.keys()
+    );
+}
+
+#[test]
+fn the_same_scenario_gives_the_same_bytes() {
+    let kill = Fault {
+        at_ms: 200,
+        node: Peer::Epn(1),
+        kind: FaultKind::Kill {
+            restart_ms: Some(300),
+        },
+    };
+    let s = scenario(3, 4, 400, vec![kill]);
+    let a = simulate(&s).unwrap();
+    let b = simulate(&s).unwrap();
+    assert_eq!(a.tfs_csv(), b.tfs_csv());
+    let json = |o: &Outcome| serde_json::to_string(&o.summary).unwrap();
+    assert_eq!(json(&a), json(&b));
+    assert_eq!(a.events, b.events);
+}
+
+#[test]
+fn epn_kills_with_reassignment_lose_nothing() {
+    let kill = |at_ms, e, restart_ms| Fault {
+        at_ms,
+        node: Peer::Epn(e),
+        kind: FaultKind::Kill { restart_ms },
+    };
+    let s = scenario(3, 4, 600, vec![kill(150, 0, None), kill(400, 2, Some(200))]);
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    assert!(o.summary.reassigned > 0, "the kills hit TFs in flight");
+    assert_eq!(o.seen.faults_injected, 2);
+}
+
+#[test]
+fn a_small_campaign_keeps_every_promise() {
+    let mut t = Tally::default();
+    for seed in 0..40 {
+        let c = chaos::case(seed);
+        let (o, v) = chaos::run_case(&c).unwrap();
+        t.add(seed, &o, v);
+    }
+    assert!(t.failed.is_empty(), "{}: {:?}", t.line(), t.failed);
+    assert!(t.faults > 40, "{}", t.line());
+}
+
+#[test]
+fn faults_read_and_write_as_toml() {
+    let text = r#"
+run = { flps = 2, epns = 3, tfs = 10 }
+[[fault]]
+at_ms = 5
+node = "epn:2"
+kind = "kill"
+restart_ms = 100
+[[fault]]
+at_ms = 7
+node = "flp:1"
+kind = "partition"
+peer = "epn:0"
+ms = 30
+"#;
+    let s: Scenario = toml::from_str(text).unwrap();
+    assert_eq!(s.faults[0].node, Peer::Epn(2));
+    assert_eq!(
+        s.faults[1].kind,
+        FaultKind::Partition {
+            peer: Some(Peer::Epn(0)),
+            ms: 30
+        }
+    );
+    let again: Scenario = toml::from_str(&toml::to_string(&s).unwrap()).unwrap();
+    assert_eq!(again.faults, s.faults);
+    let e = toml::from_str::<Scenario>(
+        "run = {}\n[[fault]]\nat_ms = 1\nnode = \"icn:0\"\nkind = \"freeze\"\nms = 1\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("expected flp:N or epn:N"), "{e}");
+    s.faults[1].check(2, 3).unwrap();
+    assert_eq!(
+        s.faults[1].check(1, 3).unwrap_err(),
+        "fault at 7 ms: no FLP 1"
+    );
+    assert_eq!(
+        s.faults[0].check(2, 2).unwrap_err(),
+        "fault at 5 ms: no EPN 2"
+    );
+    let e = toml::from_str::<Scenario>(
+        "run = {}\n[[fault]]\nat_ms = 1\nnode = \"flp:0\"\nkind = \"freeze\"\nms = 1\nmss = 2\n",
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("unknown field `mss`"), "{e}");
+}
+
+#[test]
+fn a_broken_promise_is_found_and_shrunk_to_its_fault() {
+    // Without re-assignment an EPN crash costs TFs: the zero-loss check must say so,
+    // and shrinking must keep the kill and drop the harmless slow link and freeze.
+    let mut s = scenario(2, 3, 400, vec![]);
+    s.run.reassign = false;
+    s.run.rate_hz = 900.0; // FLP uplinks 94 % busy: every EPN has TFs in flight
+    s.faults = vec![
+        Fault {
+            at_ms: 100,
+            node: Peer::Flp(0),
+            kind: FaultKind::Slow {
+                extra_us: 100,
+                ms: 50,
+            },
+        },
+        Fault {
+            at_ms: 300,
+            node: Peer::Epn(1),
+            kind: FaultKind::Kill { restart_ms: None },
+        },
+        Fault {
+            at_ms: 500,
+            node: Peer::Epn(2),
+            kind: FaultKind::Freeze { ms: 20 },
+        },
+    ];
+    let c = chaos::Case {
+        seed: 0,
+        scenario: s,
+        expect: Expect::ZeroLoss,
+    };
+    let (o, v) = chaos::run_case(&c).unwrap();
+    assert!(
+        o.summary.dropped_by_reason.contains_key("epn_lost"),
+        "{:?}",
+        o.summary.dropped_by_reason
+    );
+    assert!(v.iter().any(|l| l.starts_with("zero loss:")), "{v:?}");
+    // Accounting itself held: only the zero-loss promise broke.
+    assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
+    assert_eq!(chaos::shrink(&c), vec![1]);
+}

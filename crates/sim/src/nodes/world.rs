@@ -1,0 +1,477 @@
+//! The nodes model's world: the ICN, FLP and EPN cores of fanin-node, unchanged, driven
+//! by one event queue in simulated time (no threads, no sockets, no clock).
+//!
+//! This file holds the loop, the ICN's side and the faults; `flp.rs` and `epn.rs` are
+//! the nodes' shells (what the tokio shells do with sockets, done with events here).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fanin_node::config::Checked;
+use fanin_node::icn::core::{Action, ConnId, CoreConfig, IcnCore, Input, Phase};
+use fanin_node::icn::ledger::TfRow;
+use fanin_node::metrics::Metrics;
+use fanin_node::Summary;
+use fanin_proto::{Message, Register, Role, TfStatus};
+
+use super::epn::EpnState;
+use super::fault::{Fault, FaultKind};
+use super::flp::FlpState;
+use super::net::{End, Net};
+use crate::engine::{Queue, Time, MS, US};
+
+/// How long a node whose ICN connection ended waits before it joins again.
+pub const REJOIN: Time = 100 * MS;
+
+/// What happens next.
+pub enum Ev {
+    /// A node (re)starts: it connects and registers.
+    Start(End),
+    Register {
+        conn: ConnId,
+        reg: Register,
+    },
+    ToIcn {
+        conn: ConnId,
+        msg: Message,
+    },
+    IcnClosed {
+        conn: ConnId,
+        err: Option<String>,
+    },
+    IcnWake {
+        gen: u64,
+    },
+    ToNode {
+        conn: ConnId,
+        msg: Message,
+    },
+    /// The node learns that its control connection ended.
+    NodeClosed {
+        conn: ConnId,
+    },
+    /// FLP heartbeat (100 ms) or EPN tick (20 ms) of the incarnation on `conn`.
+    Tick {
+        conn: ConnId,
+    },
+    /// An FLP's pre-run connections are up: it says Ready.
+    FlpConnected {
+        conn: ConnId,
+    },
+    /// A mid-run data connection from an FLP to an EPN incarnation is set up or not.
+    DataConnected {
+        flp: ConnId,
+        epn: u32,
+        to: ConnId,
+    },
+    /// An STF left the FLP; it arrives at `arrive` if its connection still stands.
+    Written {
+        flp: ConnId,
+        to: ConnId,
+        job: fanin_node::flp::core::StfJob,
+        arrive: Time,
+    },
+    /// An STF arrived in full at the EPN incarnation `to`.
+    Arrived {
+        flp: u32,
+        to: ConnId,
+        job: fanin_node::flp::core::StfJob,
+    },
+    Fault(usize),
+}
+
+/// A node: its incarnation's control connection and state, and whether it is frozen.
+pub struct Slot<S> {
+    pub conn: Option<ConnId>,
+    pub state: Option<S>,
+    pub frozen_until: Time,
+    /// It left the run (after its counters) or gave up: it does not come back.
+    pub gone: bool,
+}
+
+impl<S> Default for Slot<S> {
+    fn default() -> Self {
+        Slot {
+            conn: None,
+            state: None,
+            frozen_until: 0,
+            gone: false,
+        }
+    }
+}
+
+/// What the world saw, for the promises' checks.
+#[derive(Default)]
+pub struct Seen {
+    /// Complete reports that reached the ICN, per TF: from which EPNs.
+    pub complete_reports: BTreeMap<u64, Vec<u32>>,
+    /// Breaches of a byte limit, as lines.
+    pub over_limit: Vec<String>,
+    pub faults_injected: u64,
+    pub log: Vec<String>,
+}
+
+pub struct World {
+    pub q: Queue<Ev>,
+    pub net: Net,
+    pub run: Checked,
+    pub icn: IcnCore,
+    /// Control connections the ICN has open, and whose they are.
+    pub icn_open: BTreeSet<ConnId>,
+    pub owner: BTreeMap<ConnId, End>,
+    wake: (u64, Option<Time>),
+    next_conn: ConnId,
+    pub flps: Vec<Slot<FlpState>>,
+    pub epns: Vec<Slot<EpnState>>,
+    /// EPN data addresses -> the incarnation (control connection) they belong to.
+    pub data_addrs: BTreeMap<String, ConnId>,
+    pub faults: Vec<Fault>,
+    pub rows: Vec<TfRow>,
+    pub seen: Seen,
+}
+
+impl World {
+    pub fn new(run: Checked, net: Net, faults: Vec<Fault>) -> World {
+        let metrics = Metrics::new("icn", None);
+        let cfg = CoreConfig {
+            run: run.clone(),
+            run_id: 1,
+            id_base: 0,
+            registry_members: None,
+            stopwatch_ns: || 0,
+            hold_start: false,
+        };
+        let icn = IcnCore::new(cfg, metrics, Duration::ZERO);
+        let mut w = World {
+            q: Queue::new(),
+            net,
+            flps: (0..run.cfg.flps).map(|_| Slot::default()).collect(),
+            epns: (0..run.cfg.epns).map(|_| Slot::default()).collect(),
+            run,
+            icn,
+            icn_open: BTreeSet::new(),
+            owner: BTreeMap::new(),
+            wake: (0, None),
+            next_conn: 0,
+            data_addrs: BTreeMap::new(),
+            faults,
+            rows: Vec::new(),
+            seen: Seen::default(),
+        };
+        // EPNs first, FLPs 1 µs apart after them: registration order is fixed.
+        let epns = w.epns.len() as u32;
+        for e in 0..epns {
+            w.q.at(Time::from(e) * US, Ev::Start(End::Epn(e)));
+        }
+        for f in 0..w.flps.len() as u32 {
+            w.q.at(Time::from(epns + f) * US, Ev::Start(End::Flp(f)));
+        }
+        for (i, f) in w.faults.iter().enumerate() {
+            w.q.at(f.at_ms * MS, Ev::Fault(i));
+        }
+        w.reschedule_wake();
+        w
+    }
+
+    /// Runs until the ICN is done or `limit` (simulated) passes; then its summary.
+    pub fn run(&mut self, limit: Time) -> (Summary, bool) {
+        while self.icn.phase() != Phase::Done {
+            let Some((t, ev)) = self.q.pop() else { break };
+            if t > limit {
+                break;
+            }
+            self.dispatch(t, ev);
+        }
+        let ended = self.icn.phase() == Phase::Done;
+        let now = Duration::from_nanos(self.q.now());
+        let summary = self.icn.finish(now);
+        self.drain_icn();
+        (summary, ended)
+    }
+
+    fn dispatch(&mut self, t: Time, ev: Ev) {
+        if let Some(thaw) = self.frozen(&ev, t) {
+            self.q.at(thaw, ev);
+            return;
+        }
+        match ev {
+            Ev::Start(end) => self.start(end),
+            Ev::Register { conn, reg } => {
+                let peer = peer_addr(conn);
+                self.icn_open.insert(conn);
+                self.feed_icn(Input::Registered { conn, peer, reg });
+            }
+            Ev::ToIcn { conn, msg } => {
+                if self.icn_open.contains(&conn) {
+                    self.note_report(conn, &msg);
+                    self.feed_icn(Input::Msg { conn, msg });
+                }
+            }
+            Ev::IcnClosed { conn, err } => {
+                if self.icn_open.remove(&conn) {
+                    self.feed_icn(Input::Closed { conn, err });
+                }
+            }
+            Ev::IcnWake { gen } => {
+                if gen == self.wake.0 {
+                    self.wake.1 = None;
+                    self.feed_icn(Input::Timeout);
+                }
+            }
+            Ev::ToNode { conn, msg } => self.deliver(conn, msg),
+            Ev::NodeClosed { conn } => self.node_closed(conn),
+            Ev::Tick { conn } => self.tick(conn),
+            Ev::FlpConnected { conn } => self.flp_connected(conn),
+            Ev::DataConnected { flp, epn, to } => self.data_connected(flp, epn, to),
+            Ev::Written {
+                flp,
+                to,
+                job,
+                arrive,
+            } => self.written(flp, to, job, arrive),
+            Ev::Arrived { flp, to, job } => self.arrived(flp, to, job),
+            Ev::Fault(i) => self.fault(i),
+        }
+    }
+
+    /// The node an event is for, when it is frozen at `t`: until when.
+    fn frozen(&self, ev: &Ev, t: Time) -> Option<Time> {
+        let conn = match ev {
+            Ev::ToNode { conn, .. }
+            | Ev::NodeClosed { conn }
+            | Ev::Tick { conn }
+            | Ev::FlpConnected { conn } => *conn,
+            Ev::DataConnected { flp, .. } | Ev::Written { flp, .. } => *flp,
+            Ev::Arrived { to, .. } => *to,
+            _ => return None,
+        };
+        let until = match self.owner.get(&conn)? {
+            End::Flp(i) => self.flps[*i as usize].frozen_until,
+            End::Epn(i) => self.epns[*i as usize].frozen_until,
+            End::Icn => 0,
+        };
+        (until > t).then_some(until)
+    }
+
+    /// A new incarnation of `end`: a fresh control connection, and its Register.
+    fn start(&mut self, end: End) {
+        self.next_conn += 1;
+        let conn = self.next_conn;
+        self.owner.insert(conn, end);
+        let (role, id, data_addr) = match end {
+            End::Flp(i) => {
+                let s = &mut self.flps[i as usize];
+                if s.gone || s.conn.is_some() {
+                    return;
+                }
+                s.conn = Some(conn);
+                s.state = Some(FlpState::joining());
+                (Role::Flp, i, String::new())
+            }
+            End::Epn(i) => {
+                let s = &mut self.epns[i as usize];
+                if s.gone || s.conn.is_some() {
+                    return;
+                }
+                s.conn = Some(conn);
+                s.state = Some(EpnState::Joining);
+                let addr = format!("10.2.{}.{}:{}", i / 256, i % 256, 1024 + conn % 60_000);
+                self.data_addrs.insert(addr.clone(), conn);
+                (Role::Epn, i, addr)
+            }
+            End::Icn => unreachable!("the ICN does not restart"),
+        };
+        let reg = Register {
+            role,
+            node_id: Some(id),
+            data_addr,
+            proof: [0; 32],
+        };
+        // The challenge's round trip, then the Register frame.
+        let at = self.net.control(self.q.now(), conn, end, End::Icn) + self.net.latency();
+        self.q.at(at, Ev::Register { conn, reg });
+    }
+
+    pub fn feed_icn(&mut self, input: Input) {
+        self.icn.handle(Duration::from_nanos(self.q.now()), input);
+        self.drain_icn();
+        self.reschedule_wake();
+    }
+
+    fn drain_icn(&mut self) {
+        while let Some(a) = self.icn.poll_action() {
+            match a {
+                Action::Send { conn, msg } => {
+                    if self.icn_open.contains(&conn) {
+                        let to = self.owner[&conn];
+                        let at = self.net.control(self.q.now(), conn, End::Icn, to);
+                        self.q.at(at, Ev::ToNode { conn, msg });
+                    }
+                }
+                Action::Close { conn } => {
+                    if self.icn_open.remove(&conn) {
+                        let to = self.owner[&conn];
+                        let at = self.net.control(self.q.now(), conn, End::Icn, to);
+                        self.q.at(at, Ev::NodeClosed { conn });
+                    }
+                }
+                Action::Log { line, .. } => {
+                    let s = self.q.now() as f64 / 1e9;
+                    self.seen.log.push(format!("{s:.6} ICN: {line}"));
+                }
+                Action::TfEnded(row) => self.rows.push(row),
+                Action::EpnLoad { .. } | Action::RunStarted => {}
+            }
+        }
+    }
+
+    fn reschedule_wake(&mut self) {
+        let want = self.icn.poll_timeout().map(|d| {
+            let t = d.as_nanos().min(u128::from(u64::MAX)) as Time;
+            t.max(self.q.now())
+        });
+        if want != self.wake.1 {
+            self.wake = (self.wake.0 + 1, want);
+            if let Some(t) = want {
+                self.q.at(t, Ev::IcnWake { gen: self.wake.0 });
+            }
+        }
+    }
+
+    /// A frame from a node's incarnation on `conn` to the ICN.
+    pub fn send_icn(&mut self, conn: ConnId, msg: Message) {
+        let from = self.owner[&conn];
+        let at = self.net.control(self.q.now(), conn, from, End::Icn);
+        self.q.at(at, Ev::ToIcn { conn, msg });
+    }
+
+    /// The node on `conn` closes it (it left, or died): the ICN sees it after a latency.
+    pub fn close_from_node(&mut self, conn: ConnId, err: Option<String>) {
+        let from = self.owner[&conn];
+        let at = self.net.control(self.q.now(), conn, from, End::Icn);
+        self.q.at(at, Ev::IcnClosed { conn, err });
+    }
+
+    fn note_report(&mut self, conn: ConnId, msg: &Message) {
+        if let (Message::TfReport(r), Some(End::Epn(e))) = (msg, self.owner.get(&conn)) {
+            if r.status == TfStatus::Complete {
+                self.seen
+                    .complete_reports
+                    .entry(r.tf_id)
+                    .or_default()
+                    .push(*e);
+            }
+        }
+    }
+
+    /// The incarnation on `conn`, if it is still its node's current one.
+    pub fn current(&self, conn: ConnId) -> Option<End> {
+        let end = *self.owner.get(&conn)?;
+        let now = match end {
+            End::Flp(i) => self.flps[i as usize].conn,
+            End::Epn(i) => self.epns[i as usize].conn,
+            End::Icn => None,
+        };
+        (now == Some(conn)).then_some(end)
+    }
+
+    fn deliver(&mut self, conn: ConnId, msg: Message) {
+        match self.current(conn) {
+            Some(End::Flp(i)) => self.flp_control(i, conn, msg),
+            Some(End::Epn(i)) => self.epn_control(i, conn, msg),
+            _ => {}
+        }
+    }
+
+    fn tick(&mut self, conn: ConnId) {
+        match self.current(conn) {
+            Some(End::Flp(i)) => self.flp_tick(i, conn),
+            Some(End::Epn(i)) => self.epn_tick(i, conn),
+            _ => {}
+        }
+    }
+
+    /// The node's control connection ended: it joins again, unless it left the run.
+    fn node_closed(&mut self, conn: ConnId) {
+        if let Some(end) = self.current(conn) {
+            self.end_incarnation(end);
+            self.q.after(REJOIN, Ev::Start(end));
+        }
+    }
+
+    /// The node's current incarnation ends (its state is gone).
+    pub fn end_incarnation(&mut self, end: End) {
+        match end {
+            End::Flp(i) => {
+                let s = &mut self.flps[i as usize];
+                s.conn = None;
+                s.state = None;
+            }
+            End::Epn(i) => {
+                let s = &mut self.epns[i as usize];
+                s.conn = None;
+                s.state = None;
+            }
+            End::Icn => {}
+        }
+    }
+
+    fn conn_of(&self, end: End) -> Option<ConnId> {
+        match end {
+            End::Flp(i) => self.flps[i as usize].conn,
+            End::Epn(i) => self.epns[i as usize].conn,
+            End::Icn => None,
+        }
+    }
+
+    fn fault(&mut self, i: usize) {
+        let f = self.faults[i];
+        let end = f.node.end();
+        let now = self.q.now();
+        self.seen.faults_injected += 1;
+        self.seen.log.push(format!("fault {}", f.describe()));
+        match f.kind {
+            FaultKind::Kill { restart_ms } => {
+                if let Some(conn) = self.conn_of(end) {
+                    self.end_incarnation(end);
+                    let err = Some("connection reset by peer".to_string());
+                    self.close_from_node(conn, err);
+                }
+                if let Some(ms) = restart_ms {
+                    self.q.after(ms * MS, Ev::Start(end));
+                }
+            }
+            FaultKind::Freeze { ms } => {
+                let until = now + ms * MS;
+                match end {
+                    End::Flp(i) => self.flps[i as usize].frozen_until = until,
+                    End::Epn(i) => self.epns[i as usize].frozen_until = until,
+                    End::Icn => {}
+                }
+            }
+            FaultKind::ResetControl => {
+                if let Some(conn) = self.conn_of(end) {
+                    self.close_from_node(conn, Some("connection reset".into()));
+                    self.q.after(self.net.latency(), Ev::NodeClosed { conn });
+                }
+            }
+            FaultKind::ResetData { epn } => {
+                if let End::Flp(i) = end {
+                    self.reset_data(i, epn);
+                }
+            }
+            FaultKind::Partition { peer, ms } => {
+                let other = peer.map_or(End::Icn, |p| p.end());
+                self.net.partition(end, other, now, now + ms * MS);
+            }
+            FaultKind::Slow { extra_us, ms } => self.net.slow(end, now + ms * MS, extra_us * US),
+        }
+    }
+}
+
+/// The address the ICN sees a connection come from (its number in the port).
+fn peer_addr(conn: ConnId) -> SocketAddr {
+    let port = 1024 + (conn % 60_000) as u16;
+    SocketAddr::from(([10, 1, 0, 1], port))
+}
