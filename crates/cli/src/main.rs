@@ -396,7 +396,7 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
         Cmd::Epn(a) => epn::run(epn_options(&a)?).await,
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Sim(a) => sim::run(a, false),
-        Cmd::Chaos(a) => fanin_lab::chaos::run(&a),
+        Cmd::Chaos(a) => fanin_lab::chaos::run(&a).await,
         Cmd::Inspect { files, quiet } => inspect(&files, quiet),
         Cmd::Report { dir } => {
             println!("{}", fanin_lab::run_report::write(&dir)?.display());

@@ -139,3 +139,26 @@ fn a_seed_replays_and_its_scenario_runs_as_a_sim_file() {
         "{err}"
     );
 }
+
+#[test]
+fn the_real_campaign_runs_seeds_against_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().to_str().unwrap();
+    let text = run_ok(&["chaos", "--real", "--seeds", "4", "--results", results]);
+    assert!(text.contains("real seeds 4, violations 0"), "{text}");
+    // Seeds 0 and 2 promise zero loss through EPN kills; 1 and 3 freeze and kill anything.
+    for seed in 0..4 {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("seed {seed}:")))
+            .unwrap_or_else(|| panic!("no line for seed {seed}: {text}"));
+        assert!(line.ends_with(": kept"), "{line}");
+        let s = read_summary(&dir.path().join(format!("chaos-real-{seed}")));
+        assert_eq!(s["invariant_ok"], true, "seed {seed}: {s}");
+    }
+    assert!(
+        text.contains("ZeroLoss") && text.contains("kill epn"),
+        "{text}"
+    );
+    assert!(text.contains("stop "), "a freeze among the seeds: {text}");
+}

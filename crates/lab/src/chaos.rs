@@ -25,13 +25,79 @@ pub struct ChaosArgs {
     /// Print every seed's line, not only the failing ones.
     #[arg(long)]
     pub verbose: bool,
+    /// Against real processes on loopback: each seed's kills and freezes as SIGKILL and
+    /// SIGSTOP of `fanin` processes (a few seconds per seed).
+    #[arg(long)]
+    pub real: bool,
+    /// --real: the runs' directories go under this one (`chaos-real-<seed>/`).
+    #[arg(long, default_value = "results")]
+    pub results: std::path::PathBuf,
 }
 
 /// Runs the campaign (or one seed); an error when a promise was broken.
-pub fn run(a: &ChaosArgs) -> anyhow::Result<()> {
+pub async fn run(a: &ChaosArgs) -> anyhow::Result<()> {
+    if a.real {
+        return real(a).await;
+    }
     // The cores' own log lines would drown the campaign's: the ICN's are in its log.
     let quiet = tracing::subscriber::NoSubscriber::default();
     tracing::subscriber::with_default(quiet, || campaign(a))
+}
+
+/// The real campaign: seeds FIRST.. (or --seed) as real runs, one line each.
+async fn real(a: &ChaosArgs) -> anyhow::Result<()> {
+    if a.keep.is_some() {
+        bail!("--keep: not with --real (a real case keeps the faults loopback can inject)");
+    }
+    let seeds: Vec<u64> = match a.seed {
+        Some(s) => vec![s],
+        None => (a.first..a.first.saturating_add(a.seeds)).collect(),
+    };
+    let t0 = Instant::now();
+    let mut failed = Vec::new();
+    for &seed in &seeds {
+        let c = crate::chaos_real::real_case(seed);
+        let dir = crate::chaos_real::case_dir(&a.results, seed);
+        let v = crate::chaos_real::run_real(&c, &dir).await?;
+        let faults: Vec<String> = c
+            .faults
+            .iter()
+            .map(|f| format!("{} {}", f.action.name(), f.node))
+            .collect();
+        println!(
+            "seed {seed}: {} FLPs x {} EPNs, {}, faults [{}], {:?}: {}",
+            c.run.flps,
+            c.run.epns,
+            c.run.policy.name(),
+            faults.join(", "),
+            c.expect,
+            if v.is_empty() {
+                "kept".to_string()
+            } else {
+                format!("FAILED: {}", v.join("; "))
+            }
+        );
+        if !v.is_empty() {
+            println!(
+                "  files: {}; replay: fanin chaos --real --seed {seed}",
+                dir.display()
+            );
+            failed.push(seed);
+        }
+    }
+    println!(
+        "real seeds {}, violations {}, wall {:.1} s",
+        seeds.len(),
+        failed.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    match failed.first() {
+        None => Ok(()),
+        Some(s) => bail!(
+            "{} real seeds broke a promise; the first: fanin chaos --real --seed {s}",
+            failed.len()
+        ),
+    }
 }
 
 fn campaign(a: &ChaosArgs) -> anyhow::Result<()> {

@@ -7,6 +7,7 @@ pub mod bench_metrics;
 pub mod bench_sink;
 pub mod bench_source;
 pub mod chaos;
+pub mod chaos_real;
 pub mod cluster;
 pub mod ctl;
 pub mod experiment;

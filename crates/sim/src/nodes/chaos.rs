@@ -8,6 +8,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 
+use fanin_node::config::Registry;
 use fanin_node::RunConfig;
 use fanin_sched::PolicyKind;
 
@@ -22,9 +23,23 @@ pub struct Case {
     pub expect: Expect,
 }
 
+/// Which faults a case may draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kinds {
+    /// Every kind the nodes model injects.
+    All,
+    /// What a real run on loopback injects: kills and freezes of processes.
+    Processes,
+}
+
 /// The case of `seed`: every other seed is a general fault schedule (only accounting
 /// promised); the rest kill EPNs with re-assignment on (zero loss promised).
 pub fn case(seed: u64) -> Case {
+    case_of(seed, Kinds::All)
+}
+
+/// The case of `seed` drawing only faults of `kinds`.
+pub fn case_of(seed: u64, kinds: Kinds) -> Case {
     let mut rng = Pcg64::seed_from_u64(seed);
     let expect = if seed.is_multiple_of(2) {
         Expect::ZeroLoss
@@ -39,7 +54,10 @@ pub fn case(seed: u64) -> Case {
     let len_ms = (run.tfs.unwrap_or(0) as f64 * 1e3 / run.rate_hz) as u64;
     let faults = match expect {
         Expect::ZeroLoss => epn_kills(&mut rng, run.epns, len_ms),
-        Expect::Accounted => any_faults(&mut rng, run.flps, run.epns, len_ms),
+        Expect::Accounted => {
+            let zk = run.registry == Registry::ZooKeeper;
+            any_faults(&mut rng, (run.flps, run.epns), len_ms, (kinds, zk))
+        }
     };
     Case {
         seed,
@@ -88,6 +106,12 @@ fn random_run(rng: &mut Pcg64, expect: Expect, link_gbps: f64) -> RunConfig {
         epn_buffer: fanin_node::config::ByteSize(epn_buf),
         reassign: expect == Expect::ZeroLoss || rng.gen_bool(0.5),
         lease_ms: *[300, 1000].choose(rng).expect("non-empty"),
+        registry: if rng.gen_bool(0.5) {
+            Registry::ZooKeeper
+        } else {
+            Registry::Embedded
+        },
+        zk_session_timeout_ms: *[300, 1000, 2000].choose(rng).expect("non-empty"),
         seed: rng.gen::<u64>() >> 1, // TOML integers are signed
         prerun_timeout_s: 10.0,
         ..RunConfig::default()
@@ -119,7 +143,17 @@ fn epn_kills(rng: &mut Pcg64, epns: u32, len_ms: u64) -> Vec<Fault> {
 }
 
 /// One to six faults of every kind, on any node.
-fn any_faults(rng: &mut Pcg64, flps: u32, epns: u32, len_ms: u64) -> Vec<Fault> {
+fn any_faults(
+    rng: &mut Pcg64,
+    (flps, epns): (u32, u32),
+    len_ms: u64,
+    (kinds, zk): (Kinds, bool),
+) -> Vec<Fault> {
+    let n_kinds = match kinds {
+        Kinds::All if zk => 7,
+        Kinds::All => 6,
+        Kinds::Processes => 2,
+    };
     let n = rng.gen_range(1..=6);
     let mut faults: Vec<Fault> = (0..n)
         .map(|_| {
@@ -129,7 +163,7 @@ fn any_faults(rng: &mut Pcg64, flps: u32, epns: u32, len_ms: u64) -> Vec<Fault> 
                 Peer::Epn(rng.gen_range(0..epns))
             };
             let ms = rng.gen_range(10..=1500);
-            let kind = match rng.gen_range(0..6) {
+            let kind = match rng.gen_range(0..n_kinds) {
                 0 => FaultKind::Kill {
                     restart_ms: rng.gen_bool(0.7).then(|| rng.gen_range(50..=2000)),
                 },
@@ -138,6 +172,7 @@ fn any_faults(rng: &mut Pcg64, flps: u32, epns: u32, len_ms: u64) -> Vec<Fault> 
                 3 if matches!(node, Peer::Flp(_)) => FaultKind::ResetData {
                     epn: rng.gen_range(0..epns),
                 },
+                6 => FaultKind::ExpireSession,
                 3 | 4 => {
                     let peer = match node {
                         Peer::Flp(_) if rng.gen_bool(0.5) => {

@@ -162,6 +162,7 @@ impl World {
         };
         self.send_icn(conn, Message::NodeStats(stats));
         self.close_from_node(conn, None);
+        self.zk_expire(conn, false); // it deregisters
         self.end_incarnation(end);
         match end {
             End::Flp(i) => self.flps[i as usize].gone = true,

@@ -24,6 +24,9 @@ pub enum FaultKind {
     Partition { peer: Option<Peer>, ms: u64 },
     /// Its frames take `extra_us` longer for `ms`.
     Slow { extra_us: u64, ms: u64 },
+    /// `registry = "zookeeper"`: its ZooKeeper session expires now (its znode goes; it
+    /// registers again at once, as the runtime's registry client does).
+    ExpireSession,
 }
 
 /// A node, as written in a fault: `"flp:0"`, `"epn:3"`.
@@ -92,6 +95,7 @@ impl Fault {
                 format!("partition from {p} for {ms} ms:")
             }
             FaultKind::Slow { extra_us, ms } => format!("slow by {extra_us} µs for {ms} ms:"),
+            FaultKind::ExpireSession => "expire the ZooKeeper session of".into(),
         };
         let s = self.at_ms as f64 / 1000.0;
         format!("{s:.3} s: {what} {}", self.node.end().name())

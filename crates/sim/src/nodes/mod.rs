@@ -12,6 +12,7 @@ pub mod fault;
 mod flp;
 pub mod net;
 mod world;
+mod zk;
 
 use anyhow::Context;
 use fanin_node::icn::ledger::TfRow;
@@ -52,16 +53,22 @@ impl Scenario {
     /// The checked run configuration, or a one-line error naming the field.
     pub fn checked(&self) -> anyhow::Result<fanin_node::config::Checked> {
         anyhow::ensure!(
-            self.run.registry == fanin_node::config::Registry::Embedded,
-            "run.registry: the nodes model has no ZooKeeper; leave it unset"
+            !matches!(self.run.registry, fanin_node::config::Registry::Url(_)),
+            "run.registry: the nodes model simulates its ZooKeeper: `zookeeper` or `embedded`, not a URL"
         );
         anyhow::ensure!(
             self.net.link_gbps > 0.0 && self.net.link_gbps.is_finite(),
             "net.link_gbps must be a positive number"
         );
+        let zk = self.run.registry == fanin_node::config::Registry::ZooKeeper;
         for f in &self.faults {
             f.check(self.run.flps, self.run.epns)
                 .map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(
+                zk || f.kind != FaultKind::ExpireSession,
+                "fault at {} ms: expire-session needs run.registry = \"zookeeper\"",
+                f.at_ms
+            );
         }
         self.run.check().context("run")
     }

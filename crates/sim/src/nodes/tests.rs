@@ -182,3 +182,61 @@ fn a_broken_promise_is_found_and_shrunk_to_its_fault() {
     assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
     assert_eq!(chaos::shrink(&c), vec![1]);
 }
+
+#[test]
+fn zookeeper_sessions_detect_frozen_and_killed_nodes() {
+    let f = |at_ms, node, kind| Fault { at_ms, node, kind };
+    let mut s = scenario(
+        3,
+        4,
+        600,
+        vec![
+            // Longer than the 600 ms session: its znode expires and it is re-assigned away.
+            f(200, Peer::Epn(0), FaultKind::Freeze { ms: 900 }),
+            // Shorter: its session survives, nothing happens.
+            f(300, Peer::Epn(1), FaultKind::Freeze { ms: 200 }),
+            f(500, Peer::Epn(2), FaultKind::ExpireSession),
+            f(
+                700,
+                Peer::Epn(3),
+                FaultKind::Kill {
+                    restart_ms: Some(100),
+                },
+            ),
+        ],
+    );
+    s.run.registry = fanin_node::config::Registry::ZooKeeper;
+    s.run.zk_session_timeout_ms = 600;
+    // Leases would have caught the 900 ms freeze first; with ZooKeeper they are off.
+    s.run.lease_ms = 5000;
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    let lost: Vec<&str> = o
+        .summary
+        .membership
+        .iter()
+        .filter(|m| m.kind == "lost")
+        .map(|m| m.detail.as_str())
+        .collect();
+    assert!(lost.iter().any(|d| d.contains("znode is gone")), "{lost:?}");
+    // EPN 1's short freeze and EPN 2's re-registration cost nothing.
+    assert!(
+        !o.summary
+            .membership
+            .iter()
+            .any(|m| m.kind == "lost" && (m.node == "EPN 1" || m.node == "EPN 2")),
+        "{:?}",
+        o.summary.membership
+    );
+    let bad = Scenario {
+        run: RunConfig {
+            flps: 1,
+            epns: 1,
+            ..RunConfig::default()
+        },
+        net: NetConfig::default(),
+        faults: vec![f(1, Peer::Epn(0), FaultKind::ExpireSession)],
+    };
+    let e = simulate(&bad).err().unwrap().to_string();
+    assert!(e.contains("expire-session needs run.registry"), "{e}");
+}

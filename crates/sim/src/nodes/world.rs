@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use fanin_node::config::Checked;
+use fanin_node::config::{Checked, Registry};
 use fanin_node::icn::core::{Action, ConnId, CoreConfig, IcnCore, Input, Phase};
 use fanin_node::icn::ledger::TfRow;
 use fanin_node::metrics::Metrics;
@@ -19,6 +19,7 @@ use super::epn::EpnState;
 use super::fault::{Fault, FaultKind};
 use super::flp::FlpState;
 use super::net::{End, Net};
+use super::zk::SimZk;
 use crate::engine::{Queue, Time, MS, US};
 
 /// How long a node whose ICN connection ended waits before it joins again.
@@ -79,6 +80,15 @@ pub enum Ev {
         job: fanin_node::flp::core::StfJob,
     },
     Fault(usize),
+    /// ZooKeeper: the incarnation on `conn` creates its znode; its session expired; the
+    /// ICN's watch delivers a snapshot.
+    ZkCreate {
+        conn: ConnId,
+    },
+    ZkExpire {
+        conn: ConnId,
+    },
+    ZkWatch(fanin_node::registry::Membership),
 }
 
 /// A node: its incarnation's control connection and state, and whether it is frozen.
@@ -127,6 +137,8 @@ pub struct World {
     /// EPN data addresses -> the incarnation (control connection) they belong to.
     pub data_addrs: BTreeMap<String, ConnId>,
     pub faults: Vec<Fault>,
+    /// `registry = "zookeeper"`: the simulated ZooKeeper.
+    pub zk: Option<SimZk>,
     pub rows: Vec<TfRow>,
     pub seen: Seen,
 }
@@ -134,11 +146,13 @@ pub struct World {
 impl World {
     pub fn new(run: Checked, net: Net, faults: Vec<Fault>) -> World {
         let metrics = Metrics::new("icn", None);
+        let zk = (run.cfg.registry == Registry::ZooKeeper)
+            .then(|| SimZk::new(run.cfg.zk_session_timeout_ms));
         let cfg = CoreConfig {
             run: run.clone(),
             run_id: 1,
             id_base: 0,
-            registry_members: None,
+            registry_members: zk.as_ref().map(|z| z.members.clone()),
             stopwatch_ns: || 0,
             hold_start: false,
         };
@@ -156,6 +170,7 @@ impl World {
             next_conn: 0,
             data_addrs: BTreeMap::new(),
             faults,
+            zk,
             rows: Vec::new(),
             seen: Seen::default(),
         };
@@ -232,6 +247,9 @@ impl World {
             } => self.written(flp, to, job, arrive),
             Ev::Arrived { flp, to, job } => self.arrived(flp, to, job),
             Ev::Fault(i) => self.fault(i),
+            Ev::ZkCreate { conn } => self.zk_create(conn),
+            Ev::ZkExpire { conn } => self.zk_expire(conn, true),
+            Ev::ZkWatch(m) => self.zk_watch(m),
         }
     }
 
@@ -288,9 +306,12 @@ impl World {
             data_addr,
             proof: [0; 32],
         };
-        // The challenge's round trip, then the Register frame.
+        // The challenge's round trip, then the Register frame; the znode meanwhile.
         let at = self.net.control(self.q.now(), conn, end, End::Icn) + self.net.latency();
         self.q.at(at, Ev::Register { conn, reg });
+        if self.zk.is_some() {
+            self.q.after(self.net.latency(), Ev::ZkCreate { conn });
+        }
     }
 
     pub fn feed_icn(&mut self, input: Input) {
@@ -417,6 +438,14 @@ impl World {
         }
     }
 
+    pub fn frozen_until(&self, end: End) -> Time {
+        match end {
+            End::Flp(i) => self.flps[i as usize].frozen_until,
+            End::Epn(i) => self.epns[i as usize].frozen_until,
+            End::Icn => 0,
+        }
+    }
+
     fn conn_of(&self, end: End) -> Option<ConnId> {
         match end {
             End::Flp(i) => self.flps[i as usize].conn,
@@ -434,6 +463,7 @@ impl World {
         match f.kind {
             FaultKind::Kill { restart_ms } => {
                 if let Some(conn) = self.conn_of(end) {
+                    self.zk_silent(conn, None);
                     self.end_incarnation(end);
                     let err = Some("connection reset by peer".to_string());
                     self.close_from_node(conn, err);
@@ -443,6 +473,9 @@ impl World {
                 }
             }
             FaultKind::Freeze { ms } => {
+                if let Some(conn) = self.conn_of(end) {
+                    self.zk_silent(conn, Some(ms));
+                }
                 let until = now + ms * MS;
                 match end {
                     End::Flp(i) => self.flps[i as usize].frozen_until = until,
@@ -466,12 +499,17 @@ impl World {
                 self.net.partition(end, other, now, now + ms * MS);
             }
             FaultKind::Slow { extra_us, ms } => self.net.slow(end, now + ms * MS, extra_us * US),
+            FaultKind::ExpireSession => {
+                if let Some(conn) = self.conn_of(end) {
+                    self.zk_expire(conn, true);
+                }
+            }
         }
     }
 }
 
 /// The address the ICN sees a connection come from (its number in the port).
-fn peer_addr(conn: ConnId) -> SocketAddr {
+pub fn peer_addr(conn: ConnId) -> SocketAddr {
     let port = 1024 + (conn % 60_000) as u16;
     SocketAddr::from(([10, 1, 0, 1], port))
 }
