@@ -162,3 +162,25 @@ fn the_real_campaign_runs_seeds_against_processes() {
     );
     assert!(text.contains("stop "), "a freeze among the seeds: {text}");
 }
+
+#[test]
+fn the_nodes_experiment_completes_every_tf_through_two_epn_crashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../experiments/nodes-epn-crash.toml"
+    );
+    let out = dir.path().to_str().unwrap();
+    let text = run_ok(&["sim", exp, "--results", out]);
+    assert!(text.contains("issued 3600, completed 3600,"), "{text}");
+    let s = read_summary(&dir.path().join("nodes-epn-crash"));
+    assert!(s["reassigned"].as_u64().unwrap_or(0) > 0, "{s}");
+    let lost: Vec<&str> = s["membership"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["kind"] == "lost")
+        .map(|m| m["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(lost, ["EPN 1", "EPN 4"], "{s}");
+}

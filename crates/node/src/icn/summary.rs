@@ -372,13 +372,12 @@ pub struct TfCsv {
 }
 
 impl TfCsv {
+    pub const HEADER: &'static str = "tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason";
+
     pub fn create(dir: &Path) -> anyhow::Result<TfCsv> {
         let f = std::fs::File::create(dir.join("tfs.csv"))?;
         let mut out = std::io::BufWriter::new(f);
-        writeln!(
-            out,
-            "tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason"
-        )?;
+        writeln!(out, "{}", Self::HEADER)?;
         let f = std::fs::File::create(dir.join("loads.csv"))?;
         let mut loads = std::io::BufWriter::new(f);
         writeln!(loads, "time_s,epn,free_bytes,building")?;
@@ -398,9 +397,13 @@ impl TfCsv {
     }
 
     pub fn row(&mut self, r: &TfRow) -> std::io::Result<()> {
+        writeln!(self.out, "{}", Self::line(r))
+    }
+
+    /// One row as `tfs.csv` holds it (without the line end).
+    pub fn line(r: &TfRow) -> String {
         let epn = r.epn.map(|e| e.to_string()).unwrap_or_default();
-        writeln!(
-            self.out,
+        format!(
             "{},{},{:.6},{:.6},{:.3},{},{}",
             r.tf_id,
             epn,

@@ -1,6 +1,7 @@
-//! The promises every simulated run is held to: every TF accounted once, none completed
-//! twice or at two EPNs, ids never reused, byte limits kept, the run ends; and, where
-//! the scenario allows it, zero TFs lost (EPN crashes with re-assignment on).
+//! The promises every simulated run is held to: the run starts and ends, every TF
+//! planned is issued and accounted once with a named reason, none completed twice or at
+//! two EPNs, ids never reused, byte limits kept; and, where the scenario allows it, zero
+//! TFs lost (EPN crashes with re-assignment on).
 
 use std::collections::BTreeSet;
 
@@ -27,15 +28,29 @@ pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
             o.sim_ns as f64 / 1e9
         ));
     }
+    if let Some(f) = &o.fatal {
+        v.push(format!("the ICN gave the run up: {f}"));
+    }
+    if s.planned_tfs.is_some_and(|n| s.issued != n) {
+        v.push(format!(
+            "issued {} of the {:?} TFs planned",
+            s.issued, s.planned_tfs
+        ));
+    }
     if !s.invariant_ok || s.issued != s.completed + s.incomplete + s.dropped {
         v.push(format!(
             "invariant: issued {} != completed {} + incomplete {} + dropped {}",
             s.issued, s.completed, s.incomplete, s.dropped
         ));
     }
-    let by_reason: u64 = s.dropped_by_reason.values().sum();
-    if by_reason != s.dropped {
-        v.push(format!("dropped {} but {by_reason} by reason", s.dropped));
+    for (what, n, by) in [
+        ("dropped", s.dropped, &s.dropped_by_reason),
+        ("incomplete", s.incomplete, &s.incomplete_by_reason),
+    ] {
+        let by_reason: u64 = by.values().sum();
+        if by_reason != n || by.contains_key("none") {
+            v.push(format!("{what} {n} but by reason {by:?}"));
+        }
     }
     v.extend(rows(o));
     for (tf, epns) in &o.seen.complete_reports {
@@ -69,6 +84,13 @@ fn rows(o: &Outcome) -> Vec<String> {
             v.push(format!(
                 "TF {} beyond the {} issued",
                 r.tf_id, o.summary.issued
+            ));
+        }
+        if r.status != TfStatus::Complete && r.reason == fanin_proto::Reason::None {
+            v.push(format!(
+                "TF {} ended {} without a reason",
+                r.tf_id,
+                r.status.name()
             ));
         }
         if r.status == TfStatus::Complete {

@@ -5,19 +5,16 @@
 //! takes arriving STFs into its byte-limited build buffer (no room: lost, named), and
 //! leaves with its counters once the core says it stopped.
 
-use std::sync::Arc;
-
 use fanin_node::budget::ByteBudget;
 use fanin_node::config::check_prepare;
 use fanin_node::epn::builder::Builder;
 use fanin_node::epn::core::{Action, EpnCore, Input};
 use fanin_node::flp::core::StfJob;
 use fanin_node::icn::core::ConnId;
-use fanin_node::metrics::Metrics;
 use fanin_proto::{Message, Reason, Role};
 
 use super::net::End;
-use super::world::{Ev, World, REJOIN};
+use super::world::{Ev, World};
 use crate::engine::{Time, MS};
 
 const TICK: Time = 20 * MS;
@@ -36,7 +33,6 @@ type Len = u64;
 pub struct EpnRun {
     pub core: EpnCore<Len>,
     budget: ByteBudget,
-    metrics: Arc<Metrics>,
 }
 
 impl World {
@@ -53,16 +49,11 @@ impl World {
         }
         match msg {
             Message::Prepare(p) => self.epn_prepare(i, conn, p),
-            Message::RunStop { .. } => self.leave(End::Epn(i), conn, None),
+            Message::RunStop { .. } => self.leave(End::Epn(i), conn),
             Message::Reject { reason, code } => {
-                self.seen.log.push(format!("EPN {i}: rejected: {reason}"));
-                self.end_incarnation(End::Epn(i));
-                if code.transient() {
-                    self.q.after(2 * REJOIN, Ev::Start(End::Epn(i)));
-                } else {
-                    self.epns[i as usize].gone = true;
-                }
+                self.rejected(End::Epn(i), code.transient(), reason)
             }
+            Message::RegisterAck { .. } => self.registered(conn),
             _ => {}
         }
     }
@@ -71,15 +62,14 @@ impl World {
         let limit = self.run.epn_buffer;
         if let Err(e) = check_prepare(&p, ("--build-buffer", limit)) {
             self.seen.log.push(format!("EPN {i}: {e:#}"));
-            return self.leave(End::Epn(i), conn, None);
+            return self.leave(End::Epn(i), conn);
         }
-        let metrics = Metrics::new("epn", Some(i));
+        let metrics = self.metrics_of(End::Epn(i));
         let timeout_us = u64::from(p.build_timeout_ms) * 1000;
         let builder = Builder::new(i, p.flps, timeout_us, MAX_BUILDING);
         let run = EpnRun {
-            core: EpnCore::new(builder, None, metrics.clone()),
+            core: EpnCore::new(builder, None, metrics),
             budget: ByteBudget::new(limit),
-            metrics,
         };
         self.epns[i as usize].state = Some(EpnState::Running(Box::new(run)));
         let ready = Message::Ready {
@@ -142,19 +132,23 @@ impl World {
             self.seen.over_limit.push(line);
         }
         if stopped {
-            let metrics = self.epn_run(i).map(|r| r.metrics.clone());
-            self.leave(End::Epn(i), conn, metrics);
+            self.leave(End::Epn(i), conn);
         }
     }
 
-    /// The run ended for this node: its counters (when it ran) to the ICN, then close.
-    pub fn leave(&mut self, end: End, conn: ConnId, metrics: Option<Arc<Metrics>>) {
+    /// The run ended for this node: its process's counters to the ICN, then it closes the
+    /// connection and exits (its ZooKeeper session closes: its znode goes at once).
+    pub fn leave(&mut self, end: End, conn: ConnId) {
         let (role, node_id) = match end {
             End::Flp(i) => (Role::Flp, i),
             End::Epn(i) => (Role::Epn, i),
             End::Icn => unreachable!("only nodes leave"),
         };
-        let counters = metrics.map_or_else(Vec::new, |m| m.run_snapshot());
+        let counters = self
+            .proc(end)
+            .metrics
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.run_snapshot());
         let stats = fanin_proto::NodeStats {
             role,
             node_id,
@@ -162,12 +156,9 @@ impl World {
         };
         self.send_icn(conn, Message::NodeStats(stats));
         self.close_from_node(conn, None);
-        self.zk_expire(conn, false); // it deregisters
+        let gen = self.proc(end).gen;
+        self.zk_expire(end, gen, false);
         self.end_incarnation(end);
-        match end {
-            End::Flp(i) => self.flps[i as usize].gone = true,
-            End::Epn(i) => self.epns[i as usize].gone = true,
-            End::Icn => {}
-        }
+        self.proc_mut(end).gone = true;
     }
 }

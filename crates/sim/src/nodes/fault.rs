@@ -1,5 +1,6 @@
-//! Faults the nodes model injects: kills (with or without a restart), freezes, reset
-//! connections, partitions and slow links, each at a simulated time and on one node.
+//! Faults the nodes model injects, each at a simulated time and on one node: kills (with
+//! or without a restart), freezes, reset control or data connections, partitions, slow
+//! links, ZooKeeper session expiry.
 //!
 //! A schedule is a list of them, written in experiment files as `[[fault]]` tables and
 //! drawn at random by the chaos campaign; `describe` prints one as a line.

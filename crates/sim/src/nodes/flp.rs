@@ -5,17 +5,14 @@
 //! heartbeats every 100 ms, writes STFs through the simulated network and leaves with
 //! its counters after RunStop once nothing is on the wire.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Arc;
-
 use fanin_node::config::check_prepare;
 use fanin_node::flp::core::{Action, FlpCore, Input, StfJob};
 use fanin_node::icn::core::ConnId;
-use fanin_node::metrics::Metrics;
 use fanin_proto::{EpnEntry, Message, Prepare, Role, Schedule};
 use fanin_sched::EpnId;
+use std::collections::{BTreeMap, VecDeque};
 
-use super::epn::EpnState;
+use super::net::End;
 use super::world::{Ev, World, REJOIN};
 use crate::engine::{Time, MS};
 
@@ -41,7 +38,6 @@ impl FlpState {
 
 pub struct FlpRun {
     pub core: FlpCore,
-    metrics: Arc<Metrics>,
     /// The EPN incarnations (control connections) it has a data connection to.
     data: BTreeMap<EpnId, ConnId>,
     /// STFs on the wire.
@@ -67,8 +63,11 @@ impl World {
         match msg {
             Message::Prepare(p) => *prep = Some(p),
             Message::EpnList(l) => *list = Some(l),
-            Message::RunStop { .. } => return self.leave(super::net::End::Flp(i), conn, None),
-            Message::Reject { code, reason } => return self.rejected(i, code.transient(), reason),
+            Message::RunStop { .. } => return self.leave(End::Flp(i), conn),
+            Message::Reject { code, reason } => {
+                return self.rejected(End::Flp(i), code.transient(), reason)
+            }
+            Message::RegisterAck { .. } => return self.registered(conn),
             _ => return,
         }
         if let (Some(p), Some(l)) = (prep.clone(), list.clone()) {
@@ -83,20 +82,20 @@ impl World {
             Ok(s) => s,
             Err(e) => {
                 self.seen.log.push(format!("FLP {i}: {e:#}"));
-                return self.leave(super::net::End::Flp(i), conn, None);
+                return self.leave(End::Flp(i), conn);
             }
         };
         let mut data = BTreeMap::new();
         for e in &list {
             match self.data_addrs.get(&e.addr) {
-                Some(&to) if self.epn_running(e.epn_id, to) => {
+                Some(&to) if self.epn_alive(e.epn_id, to) => {
                     data.insert(e.epn_id, to);
                 }
                 // An EPN that is gone: leave, and join again (as `fanin flp` does).
                 _ => return self.flp_lost(i, conn),
             }
         }
-        let metrics = Metrics::new("flp", Some(i));
+        let metrics = self.metrics_of(End::Flp(i));
         let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
         let on_data = prep.schedule == Schedule::OnData;
         let core = FlpCore::new(
@@ -104,11 +103,10 @@ impl World {
             (size, prep.seed, prep.retain, on_data),
             limit,
             &epns,
-            metrics.clone(),
+            metrics,
         );
         let run = FlpRun {
             core,
-            metrics,
             data,
             writing: 0,
             stopping: false,
@@ -119,13 +117,14 @@ impl World {
             .after(2 * self.net.latency(), Ev::FlpConnected { conn });
     }
 
-    pub fn epn_running(&self, epn: EpnId, to: ConnId) -> bool {
-        let s = &self.epns[epn as usize];
-        s.conn == Some(to) && matches!(s.state, Some(EpnState::Running(_)))
+    /// The EPN incarnation on `to` still lives (its listener takes connections; before
+    /// its Prepare the FLP's handshake waits for it, as the runtime's does).
+    pub fn epn_alive(&self, epn: EpnId, to: ConnId) -> bool {
+        self.epns[epn as usize].proc.conn == Some(to)
     }
 
     pub fn flp_connected(&mut self, conn: ConnId) {
-        let Some(super::net::End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.current(conn) else {
             return;
         };
         let Some(run) = self.flp_run(i) else { return };
@@ -160,13 +159,13 @@ impl World {
         }
         let Some(run) = self.flp_run(i) else { return };
         let (used, limit) = (run.core.buffered(), run.core.limit());
-        let done = (run.stopping && run.writing == 0).then(|| run.metrics.clone());
+        let done = run.stopping && run.writing == 0;
         if used > limit {
             let line = format!("FLP {i}: send buffer {used} over {limit}");
             self.seen.over_limit.push(line);
         }
-        if let Some(metrics) = done {
-            self.leave(super::net::End::Flp(i), conn, Some(metrics));
+        if done {
+            self.leave(End::Flp(i), conn);
         }
     }
 
@@ -210,28 +209,30 @@ impl World {
 
     /// An STF left the FLP: it arrives if its connection still stands.
     pub fn written(&mut self, conn: ConnId, to: ConnId, job: StfJob, arrive: Time) {
-        let Some(super::net::End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.current(conn) else {
             return;
         };
-        let epn_alive = self.epns[job.epn as usize].conn == Some(to);
+        let epn_alive = self.epn_alive(job.epn, to);
         let Some(run) = self.flp_run(i) else { return };
         run.writing -= 1;
-        let ok = epn_alive && run.data.get(&job.epn) == Some(&to);
+        let current = run.data.get(&job.epn) == Some(&to);
+        let ok = epn_alive && current;
         if ok {
             // A frozen FLP wrote late: its bytes arrive no earlier than now.
             let at = arrive.max(self.q.now());
             self.q.at(at, Ev::Arrived { flp: i, to, job });
-        } else {
+        } else if current {
+            // This connection failed; a newer one to a restarted EPN stays.
             run.data.remove(&job.epn);
         }
         self.flp_feed(i, conn, Input::Sent { job, ok });
     }
 
     pub fn data_connected(&mut self, conn: ConnId, epn: EpnId, to: ConnId) {
-        let Some(super::net::End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.current(conn) else {
             return;
         };
-        let ok = self.epn_running(epn, to);
+        let ok = self.epn_alive(epn, to);
         let Some(run) = self.flp_run(i) else { return };
         if ok {
             run.data.insert(epn, to);
@@ -248,21 +249,29 @@ impl World {
 
     /// The FLP cannot start its run (an EPN is gone): it leaves and joins again.
     fn flp_lost(&mut self, i: u32, conn: ConnId) {
-        let end = super::net::End::Flp(i);
+        let end = End::Flp(i);
         self.end_incarnation(end);
         self.close_from_node(conn, None);
-        self.q.after(REJOIN, Ev::Start(end));
+        self.rejoin(end, REJOIN);
     }
 
     /// Refused by the ICN: try again later when that can help, else give up.
-    pub fn rejected(&mut self, i: u32, transient: bool, reason: String) {
-        self.seen.log.push(format!("FLP {i}: rejected: {reason}"));
-        let end = super::net::End::Flp(i);
+    pub fn rejected(&mut self, end: End, transient: bool, reason: String) {
+        self.seen
+            .log
+            .push(format!("{}: rejected: {reason}", end.name()));
         self.end_incarnation(end);
         if transient {
-            self.q.after(2 * REJOIN, Ev::Start(end));
+            self.rejoin(end, 2 * REJOIN);
         } else {
-            self.flps[i as usize].gone = true;
+            self.proc_mut(end).gone = true;
+        }
+    }
+
+    /// Registered: with ZooKeeper, the node's znode (one latency later).
+    pub fn registered(&mut self, conn: ConnId) {
+        if self.zk.is_some() {
+            self.q.after(self.net.latency(), Ev::ZkCreate { conn });
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod check;
 mod epn;
 pub mod fault;
 mod flp;
+mod life;
 pub mod net;
 mod world;
 mod zk;
@@ -43,6 +44,8 @@ pub struct Outcome {
     pub rows: Vec<TfRow>,
     /// The ICN reached its end (not the simulated-time limit).
     pub ended: bool,
+    /// Why the ICN gave the run up, if it did (e.g. a node lost in the pre-run).
+    pub fatal: Option<String>,
     pub seen: Seen,
     /// Simulated time at the end.
     pub sim_ns: Time,
@@ -98,6 +101,7 @@ pub fn simulate(s: &Scenario) -> anyhow::Result<Outcome> {
         summary,
         rows: std::mem::take(&mut w.rows),
         ended,
+        fatal: w.icn.fatal().map(str::to_string),
         sim_ns: w.q.now(),
         events: w.q.processed,
         seen: std::mem::take(&mut w.seen),
@@ -107,17 +111,11 @@ pub fn simulate(s: &Scenario) -> anyhow::Result<Outcome> {
 impl Outcome {
     /// The ICN's `tfs.csv`, as the runtime writes it.
     pub fn tfs_csv(&self) -> String {
-        let mut out = String::from("tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason\n");
+        use fanin_node::icn::summary::TfCsv;
+        let mut out = format!("{}\n", TfCsv::HEADER);
         for r in &self.rows {
-            let epn = r.epn.map_or(String::new(), |e| e.to_string());
-            let (i, a) = (r.issued_us as f64 / 1e6, r.ended_us as f64 / 1e6);
-            let lat = (r.ended_us.saturating_sub(r.issued_us)) as f64 / 1e3;
-            out += &format!(
-                "{},{epn},{i:.6},{a:.6},{lat:.3},{},{}\n",
-                r.tf_id,
-                r.status.name(),
-                r.reason.name()
-            );
+            out += &TfCsv::line(r);
+            out.push('\n');
         }
         out
     }

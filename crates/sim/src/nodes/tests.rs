@@ -240,3 +240,174 @@ fn zookeeper_sessions_detect_frozen_and_killed_nodes() {
     let e = simulate(&bad).err().unwrap().to_string();
     assert!(e.contains("expire-session needs run.registry"), "{e}");
 }
+
+/// One fault at 100 ms into a 2 x 3 run of 667 ms (lease 300 ms, 1 Gbit/s): its outcome.
+fn with(node: Peer, kind: FaultKind) -> Outcome {
+    let mut s = scenario(
+        2,
+        3,
+        400,
+        vec![Fault {
+            at_ms: 100,
+            node,
+            kind,
+        }],
+    );
+    s.run.lease_ms = 300;
+    let o = simulate(&s).unwrap();
+    assert_eq!(
+        violations(&o, Expect::Accounted),
+        Vec::<String>::new(),
+        "{kind:?}"
+    );
+    assert_eq!(o.seen.faults_injected, 1);
+    o
+}
+
+fn member(o: &Outcome, node: &str, kind: &str) -> Option<String> {
+    let m = o
+        .summary
+        .membership
+        .iter()
+        .find(|m| m.node == node && m.kind == kind)?;
+    Some(m.detail.clone())
+}
+
+fn counter(o: &Outcome, node: &str, name: &str) -> u64 {
+    o.summary
+        .nodes
+        .get(node)
+        .and_then(|c| c.get(name))
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_fault_kind_has_its_effect() {
+    let quiet = simulate(&scenario(2, 3, 400, vec![])).unwrap();
+    let base_max = quiet.summary.latency_ms.max;
+    // A kill: the EPN is lost at once, its TFs re-assigned; no restart, no rejoin.
+    let o = with(Peer::Epn(1), FaultKind::Kill { restart_ms: None });
+    assert!(
+        member(&o, "EPN 1", "lost").is_some_and(|d| d.contains("reset")),
+        "{:?}",
+        o.summary.membership
+    );
+    assert!(member(&o, "EPN 1", "rejoined").is_none());
+    assert_eq!(o.summary.completed, 400);
+    // A freeze longer than the lease: lost by its lease, back after the thaw.
+    let o = with(Peer::Epn(1), FaultKind::Freeze { ms: 400 });
+    assert!(
+        member(&o, "EPN 1", "lost").is_some_and(|d| d.contains("lease")),
+        "{:?}",
+        o.summary.membership
+    );
+    assert!(member(&o, "EPN 1", "rejoined").is_some());
+    // A reset control connection: the FLP is lost and joins again.
+    let o = with(Peer::Flp(0), FaultKind::ResetControl);
+    assert!(member(&o, "FLP 0", "lost").is_some() && member(&o, "FLP 0", "rejoined").is_some());
+    // A reset data connection: the FLP's next writes to that EPN fail.
+    let o = with(Peer::Flp(0), FaultKind::ResetData { epn: 1 });
+    assert!(
+        counter(&o, "FLP 0", "errors.send_failed") > 0,
+        "{:?}",
+        o.summary.nodes
+    );
+    // A partition from the ICN longer than the lease: lost; it joins again after.
+    let o = with(
+        Peer::Flp(1),
+        FaultKind::Partition {
+            peer: None,
+            ms: 400,
+        },
+    );
+    assert!(
+        member(&o, "FLP 1", "lost").is_some_and(|d| d.contains("lease")),
+        "{:?}",
+        o.summary.membership
+    );
+    // A partition between an FLP and an EPN: STFs wait for the heal (TCP), TFs late.
+    let o = with(
+        Peer::Flp(0),
+        FaultKind::Partition {
+            peer: Some(Peer::Epn(2)),
+            ms: 150,
+        },
+    );
+    assert!(
+        o.summary.latency_ms.max >= 100.0 && base_max < 10.0,
+        "{} vs {base_max}",
+        o.summary.latency_ms.max
+    );
+    // A slow link: its frames late by the extra latency.
+    let o = with(
+        Peer::Epn(0),
+        FaultKind::Slow {
+            extra_us: 80_000,
+            ms: 300,
+        },
+    );
+    assert!(
+        o.summary.latency_ms.max >= 80.0 && base_max < 80.0,
+        "{} vs {base_max}",
+        o.summary.latency_ms.max
+    );
+}
+
+#[test]
+fn a_kill_ends_the_process_whatever_it_was_doing() {
+    let f = |at_ms, node, kind| Fault { at_ms, node, kind };
+    // Killed while frozen and restarted: the new process is not frozen.
+    let mut s = scenario(
+        2,
+        3,
+        600,
+        vec![
+            f(100, Peer::Epn(1), FaultKind::Freeze { ms: 3000 }),
+            f(
+                150,
+                Peer::Epn(1),
+                FaultKind::Kill {
+                    restart_ms: Some(50),
+                },
+            ),
+        ],
+    );
+    s.run.lease_ms = 300;
+    let o = simulate(&s).unwrap();
+    let back = o
+        .summary
+        .membership
+        .iter()
+        .find(|m| m.node == "EPN 1" && m.kind == "rejoined");
+    assert!(
+        back.is_some_and(|m| m.t_s < 0.5),
+        "{:?}",
+        o.summary.membership
+    );
+    // Killed between incarnations (waiting to join again) with no restart: gone for good.
+    let s = scenario(
+        2,
+        3,
+        600,
+        vec![
+            f(100, Peer::Flp(1), FaultKind::ResetControl),
+            f(150, Peer::Flp(1), FaultKind::Kill { restart_ms: None }),
+        ],
+    );
+    let o = simulate(&s).unwrap();
+    assert!(
+        !o.summary
+            .membership
+            .iter()
+            .any(|m| m.node == "FLP 1" && m.kind == "rejoined"),
+        "{:?}",
+        o.summary.membership
+    );
+    assert!(o
+        .summary
+        .dropped_by_reason
+        .get("flp_lost")
+        .is_some_and(|&n| n > 0));
+    assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
+}

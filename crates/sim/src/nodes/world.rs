@@ -18,6 +18,7 @@ use fanin_proto::{Message, Register, Role, TfStatus};
 use super::epn::EpnState;
 use super::fault::{Fault, FaultKind};
 use super::flp::FlpState;
+use super::life::Slot;
 use super::net::{End, Net};
 use super::zk::SimZk;
 use crate::engine::{Queue, Time, MS, US};
@@ -27,8 +28,16 @@ pub const REJOIN: Time = 100 * MS;
 
 /// What happens next.
 pub enum Ev {
-    /// A node (re)starts: it connects and registers.
-    Start(End),
+    /// A node's process `gen` (re)starts an incarnation: it connects and registers.
+    Start {
+        end: End,
+        gen: u64,
+    },
+    /// A frozen node's freeze `freeze` ends.
+    Thaw {
+        end: End,
+        freeze: u64,
+    },
     Register {
         conn: ConnId,
         reg: Register,
@@ -86,29 +95,10 @@ pub enum Ev {
         conn: ConnId,
     },
     ZkExpire {
-        conn: ConnId,
+        end: End,
+        gen: u64,
     },
     ZkWatch(fanin_node::registry::Membership),
-}
-
-/// A node: its incarnation's control connection and state, and whether it is frozen.
-pub struct Slot<S> {
-    pub conn: Option<ConnId>,
-    pub state: Option<S>,
-    pub frozen_until: Time,
-    /// It left the run (after its counters) or gave up: it does not come back.
-    pub gone: bool,
-}
-
-impl<S> Default for Slot<S> {
-    fn default() -> Self {
-        Slot {
-            conn: None,
-            state: None,
-            frozen_until: 0,
-            gone: false,
-        }
-    }
 }
 
 /// What the world saw, for the promises' checks.
@@ -147,7 +137,7 @@ impl World {
     pub fn new(run: Checked, net: Net, faults: Vec<Fault>) -> World {
         let metrics = Metrics::new("icn", None);
         let zk = (run.cfg.registry == Registry::ZooKeeper)
-            .then(|| SimZk::new(run.cfg.zk_session_timeout_ms));
+            .then(|| SimZk::new(run.cfg.zk_session_timeout_ms, run.cfg.zk_tick_ms));
         let cfg = CoreConfig {
             run: run.clone(),
             run_id: 1,
@@ -177,10 +167,12 @@ impl World {
         // EPNs first, FLPs 1 µs apart after them: registration order is fixed.
         let epns = w.epns.len() as u32;
         for e in 0..epns {
-            w.q.at(Time::from(e) * US, Ev::Start(End::Epn(e)));
+            let end = End::Epn(e);
+            w.q.at(Time::from(e) * US, Ev::Start { end, gen: 0 });
         }
         for f in 0..w.flps.len() as u32 {
-            w.q.at(Time::from(epns + f) * US, Ev::Start(End::Flp(f)));
+            let end = End::Flp(f);
+            w.q.at(Time::from(epns + f) * US, Ev::Start { end, gen: 0 });
         }
         for (i, f) in w.faults.iter().enumerate() {
             w.q.at(f.at_ms * MS, Ev::Fault(i));
@@ -196,7 +188,7 @@ impl World {
             if t > limit {
                 break;
             }
-            self.dispatch(t, ev);
+            self.dispatch(ev);
         }
         let ended = self.icn.phase() == Phase::Done;
         let now = Duration::from_nanos(self.q.now());
@@ -205,13 +197,14 @@ impl World {
         (summary, ended)
     }
 
-    fn dispatch(&mut self, t: Time, ev: Ev) {
-        if let Some(thaw) = self.frozen(&ev, t) {
-            self.q.at(thaw, ev);
+    pub fn dispatch(&mut self, ev: Ev) {
+        if let Some(end) = self.frozen_target(&ev) {
+            self.proc_mut(end).deferred.push_back(ev);
             return;
         }
         match ev {
-            Ev::Start(end) => self.start(end),
+            Ev::Start { end, gen } => self.start(end, gen),
+            Ev::Thaw { end, freeze } => self.thaw(end, freeze),
             Ev::Register { conn, reg } => {
                 let peer = peer_addr(conn);
                 self.icn_open.insert(conn);
@@ -248,52 +241,29 @@ impl World {
             Ev::Arrived { flp, to, job } => self.arrived(flp, to, job),
             Ev::Fault(i) => self.fault(i),
             Ev::ZkCreate { conn } => self.zk_create(conn),
-            Ev::ZkExpire { conn } => self.zk_expire(conn, true),
+            Ev::ZkExpire { end, gen } => self.zk_expire(end, gen, true),
             Ev::ZkWatch(m) => self.zk_watch(m),
         }
     }
 
-    /// The node an event is for, when it is frozen at `t`: until when.
-    fn frozen(&self, ev: &Ev, t: Time) -> Option<Time> {
-        let conn = match ev {
-            Ev::ToNode { conn, .. }
-            | Ev::NodeClosed { conn }
-            | Ev::Tick { conn }
-            | Ev::FlpConnected { conn } => *conn,
-            Ev::DataConnected { flp, .. } | Ev::Written { flp, .. } => *flp,
-            Ev::Arrived { to, .. } => *to,
-            _ => return None,
-        };
-        let until = match self.owner.get(&conn)? {
-            End::Flp(i) => self.flps[*i as usize].frozen_until,
-            End::Epn(i) => self.epns[*i as usize].frozen_until,
-            End::Icn => 0,
-        };
-        (until > t).then_some(until)
-    }
-
-    /// A new incarnation of `end`: a fresh control connection, and its Register.
-    fn start(&mut self, end: End) {
+    /// A new incarnation of process `gen` of `end` (if that process still lives): a
+    /// fresh control connection, and its Register.
+    fn start(&mut self, end: End, gen: u64) {
+        let p = self.proc(end);
+        if p.gone || p.gen != gen || p.conn.is_some() {
+            return;
+        }
         self.next_conn += 1;
         let conn = self.next_conn;
         self.owner.insert(conn, end);
+        self.proc_mut(end).conn = Some(conn);
         let (role, id, data_addr) = match end {
             End::Flp(i) => {
-                let s = &mut self.flps[i as usize];
-                if s.gone || s.conn.is_some() {
-                    return;
-                }
-                s.conn = Some(conn);
-                s.state = Some(FlpState::joining());
+                self.flps[i as usize].state = Some(FlpState::joining());
                 (Role::Flp, i, String::new())
             }
             End::Epn(i) => {
-                let s = &mut self.epns[i as usize];
-                if s.gone || s.conn.is_some() {
-                    return;
-                }
-                s.conn = Some(conn);
-                s.state = Some(EpnState::Joining);
+                self.epns[i as usize].state = Some(EpnState::Joining);
                 let addr = format!("10.2.{}.{}:{}", i / 256, i % 256, 1024 + conn % 60_000);
                 self.data_addrs.insert(addr.clone(), conn);
                 (Role::Epn, i, addr)
@@ -306,12 +276,11 @@ impl World {
             data_addr,
             proof: [0; 32],
         };
-        // The challenge's round trip, then the Register frame; the znode meanwhile.
-        let at = self.net.control(self.q.now(), conn, end, End::Icn) + self.net.latency();
+        // The challenge's round trip, then the Register frame (a close sent later on
+        // this connection never overtakes it).
+        let sent = self.q.now() + self.net.latency();
+        let at = self.net.control(sent, conn, end, End::Icn);
         self.q.at(at, Ev::Register { conn, reg });
-        if self.zk.is_some() {
-            self.q.after(self.net.latency(), Ev::ZkCreate { conn });
-        }
     }
 
     pub fn feed_icn(&mut self, input: Input) {
@@ -386,17 +355,6 @@ impl World {
         }
     }
 
-    /// The incarnation on `conn`, if it is still its node's current one.
-    pub fn current(&self, conn: ConnId) -> Option<End> {
-        let end = *self.owner.get(&conn)?;
-        let now = match end {
-            End::Flp(i) => self.flps[i as usize].conn,
-            End::Epn(i) => self.epns[i as usize].conn,
-            End::Icn => None,
-        };
-        (now == Some(conn)).then_some(end)
-    }
-
     fn deliver(&mut self, conn: ConnId, msg: Message) {
         match self.current(conn) {
             Some(End::Flp(i)) => self.flp_control(i, conn, msg),
@@ -413,47 +371,6 @@ impl World {
         }
     }
 
-    /// The node's control connection ended: it joins again, unless it left the run.
-    fn node_closed(&mut self, conn: ConnId) {
-        if let Some(end) = self.current(conn) {
-            self.end_incarnation(end);
-            self.q.after(REJOIN, Ev::Start(end));
-        }
-    }
-
-    /// The node's current incarnation ends (its state is gone).
-    pub fn end_incarnation(&mut self, end: End) {
-        match end {
-            End::Flp(i) => {
-                let s = &mut self.flps[i as usize];
-                s.conn = None;
-                s.state = None;
-            }
-            End::Epn(i) => {
-                let s = &mut self.epns[i as usize];
-                s.conn = None;
-                s.state = None;
-            }
-            End::Icn => {}
-        }
-    }
-
-    pub fn frozen_until(&self, end: End) -> Time {
-        match end {
-            End::Flp(i) => self.flps[i as usize].frozen_until,
-            End::Epn(i) => self.epns[i as usize].frozen_until,
-            End::Icn => 0,
-        }
-    }
-
-    fn conn_of(&self, end: End) -> Option<ConnId> {
-        match end {
-            End::Flp(i) => self.flps[i as usize].conn,
-            End::Epn(i) => self.epns[i as usize].conn,
-            End::Icn => None,
-        }
-    }
-
     fn fault(&mut self, i: usize) {
         let f = self.faults[i];
         let end = f.node.end();
@@ -461,32 +378,13 @@ impl World {
         self.seen.faults_injected += 1;
         self.seen.log.push(format!("fault {}", f.describe()));
         match f.kind {
-            FaultKind::Kill { restart_ms } => {
-                if let Some(conn) = self.conn_of(end) {
-                    self.zk_silent(conn, None);
-                    self.end_incarnation(end);
-                    let err = Some("connection reset by peer".to_string());
-                    self.close_from_node(conn, err);
-                }
-                if let Some(ms) = restart_ms {
-                    self.q.after(ms * MS, Ev::Start(end));
-                }
-            }
-            FaultKind::Freeze { ms } => {
-                if let Some(conn) = self.conn_of(end) {
-                    self.zk_silent(conn, Some(ms));
-                }
-                let until = now + ms * MS;
-                match end {
-                    End::Flp(i) => self.flps[i as usize].frozen_until = until,
-                    End::Epn(i) => self.epns[i as usize].frozen_until = until,
-                    End::Icn => {}
-                }
-            }
+            FaultKind::Kill { restart_ms } => self.kill(end, restart_ms),
+            FaultKind::Freeze { ms } => self.freeze(end, ms),
             FaultKind::ResetControl => {
-                if let Some(conn) = self.conn_of(end) {
+                if let Some(conn) = self.proc(end).conn {
                     self.close_from_node(conn, Some("connection reset".into()));
-                    self.q.after(self.net.latency(), Ev::NodeClosed { conn });
+                    let at = self.net.control(now, conn, End::Icn, end);
+                    self.q.at(at, Ev::NodeClosed { conn });
                 }
             }
             FaultKind::ResetData { epn } => {
@@ -500,9 +398,8 @@ impl World {
             }
             FaultKind::Slow { extra_us, ms } => self.net.slow(end, now + ms * MS, extra_us * US),
             FaultKind::ExpireSession => {
-                if let Some(conn) = self.conn_of(end) {
-                    self.zk_expire(conn, true);
-                }
+                let gen = self.proc(end).gen;
+                self.zk_expire(end, gen, true);
             }
         }
     }

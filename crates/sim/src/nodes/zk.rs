@@ -17,19 +17,20 @@ use crate::engine::{Time, MS};
 pub struct SimZk {
     pub members: Membership,
     zxid: i64,
-    /// The session time-out.
+    /// The session time-out, as the server grants it (2 to 20 ticks).
     pub timeout: Time,
-    /// The znode of each incarnation (control connection): its node and zxid.
-    znodes: BTreeMap<ConnId, (End, i64)>,
+    /// The open sessions (a node's process) and the zxid of each one's znode.
+    sessions: BTreeMap<(End, u64), i64>,
 }
 
 impl SimZk {
-    pub fn new(timeout_ms: u64) -> SimZk {
+    pub fn new(timeout_ms: u64, tick_ms: u64) -> SimZk {
+        let granted = timeout_ms.clamp(2 * tick_ms, 20 * tick_ms);
         SimZk {
             members: Membership::default(),
             zxid: 0,
-            timeout: timeout_ms * MS,
-            znodes: BTreeMap::new(),
+            timeout: granted * MS,
+            sessions: BTreeMap::new(),
         }
     }
 }
@@ -42,31 +43,39 @@ fn role_id(end: End) -> (Role, u32) {
     }
 }
 
+/// How often a node whose id is still held by its previous process's znode tries again.
+const ID_TAKEN_RETRY: Time = 100 * MS;
+
 impl World {
-    /// The incarnation on `conn` creates its znode (if it still lives).
+    /// The incarnation on `conn` registers its znode (after its RegisterAck, as the
+    /// runtime does). A restarted process waits until the znode of the process before it
+    /// expired; a rejoin of the same process replaces its znode.
     pub fn zk_create(&mut self, conn: ConnId) {
         let Some(end) = self.current(conn) else {
             return;
         };
+        let gen = self.proc(end).gen;
         let Some(zk) = self.zk.as_mut() else { return };
+        if zk.sessions.keys().any(|&(e, g)| e == end && g != gen) {
+            self.q.after(ID_TAKEN_RETRY, Ev::ZkCreate { conn });
+            return;
+        }
         zk.zxid += 1;
-        // A node registers again under its id: its earlier znode is replaced.
-        zk.znodes.retain(|_, (e, _)| *e != end);
         let (role, id) = role_id(end);
         let reg = Registered {
             addr: peer_addr(conn).to_string(),
             incarnation: zk.zxid,
         };
         zk.members.of_mut(role).insert(id, reg);
-        zk.znodes.insert(conn, (end, zk.zxid));
+        zk.sessions.insert((end, gen), zk.zxid);
         self.zk_changed();
     }
 
-    /// The session of the incarnation on `conn` ended: its znode goes. A node that still
+    /// The session of process `gen` of `end` ended: its znode goes. A process that still
     /// lives (frozen, or its session was expired under it) registers again once it can.
-    pub fn zk_expire(&mut self, conn: ConnId, again: bool) {
+    pub fn zk_expire(&mut self, end: End, gen: u64, again: bool) {
         let Some(zk) = self.zk.as_mut() else { return };
-        let Some((end, zxid)) = zk.znodes.remove(&conn) else {
+        let Some(zxid) = zk.sessions.remove(&(end, gen)) else {
             return;
         };
         let (role, id) = role_id(end);
@@ -79,21 +88,22 @@ impl World {
             zk.members.of_mut(role).remove(&id);
             self.zk_changed();
         }
-        if again && self.current(conn).is_some() {
-            let back = self.q.now().max(self.frozen_until(end)) + 2 * self.net.latency();
+        let p = self.proc(end);
+        if let (true, Some(conn)) = (again && p.gen == gen && !p.gone, p.conn) {
+            let back = self.q.now().max(p.frozen_until) + 2 * self.net.latency();
             self.q.at(back, Ev::ZkCreate { conn });
         }
     }
 
-    /// The node on `conn` died or froze at `now` (for `ms`, if frozen): its session
-    /// expires one time-out later unless it is back before.
-    pub fn zk_silent(&mut self, conn: ConnId, frozen_ms: Option<u64>) {
+    /// Process `gen` of `end` died, or froze for `frozen_ms`: its session expires one
+    /// time-out later, unless it is back before.
+    pub fn zk_silent(&mut self, end: End, gen: u64, frozen_ms: Option<u64>) {
         let Some(zk) = &self.zk else { return };
         if frozen_ms.is_some_and(|ms| ms * MS < zk.timeout) {
             return;
         }
         let at = self.q.now() + zk.timeout;
-        self.q.at(at, Ev::ZkExpire { conn });
+        self.q.at(at, Ev::ZkExpire { end, gen });
     }
 
     fn zk_changed(&mut self) {

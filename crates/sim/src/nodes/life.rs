@@ -1,0 +1,195 @@
+//! The nodes model's processes: a node's process (its counters, its ZooKeeper session)
+//! and its incarnations (one per control connection); starts, kills, freezes and thaws.
+//!
+//! A kill ends the process (a restart is a new one); a lost ICN ends only the
+//! incarnation (the process joins again). A frozen process handles nothing: what
+//! reaches it waits, in order, for the thaw.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use fanin_node::icn::core::ConnId;
+use fanin_node::metrics::Metrics;
+
+use super::net::End;
+use super::world::{Ev, World, REJOIN};
+use crate::engine::{Time, MS};
+
+/// A node's process, across its incarnations.
+#[derive(Default)]
+pub struct Proc {
+    /// The current incarnation's control connection.
+    pub conn: Option<ConnId>,
+    /// Which process this is: a kill makes the next start a new one.
+    pub gen: u64,
+    pub frozen_until: Time,
+    /// Which freeze: a thaw of an earlier one does nothing.
+    pub freeze: u64,
+    /// Events that reached it while frozen, in order.
+    pub deferred: VecDeque<Ev>,
+    /// The process's counters: they add up over its rejoins, as a real node's do.
+    pub metrics: Option<Arc<Metrics>>,
+    /// It left the run, gave up, or was killed for good: it does not come back.
+    pub gone: bool,
+}
+
+/// A node: its process and its current incarnation's state.
+pub struct Slot<S> {
+    pub proc: Proc,
+    pub state: Option<S>,
+}
+
+impl<S> Default for Slot<S> {
+    fn default() -> Self {
+        Slot {
+            proc: Proc::default(),
+            state: None,
+        }
+    }
+}
+
+impl World {
+    pub fn proc(&self, end: End) -> &Proc {
+        match end {
+            End::Flp(i) => &self.flps[i as usize].proc,
+            End::Epn(i) => &self.epns[i as usize].proc,
+            End::Icn => unreachable!("the ICN is not a node process"),
+        }
+    }
+
+    pub fn proc_mut(&mut self, end: End) -> &mut Proc {
+        match end {
+            End::Flp(i) => &mut self.flps[i as usize].proc,
+            End::Epn(i) => &mut self.epns[i as usize].proc,
+            End::Icn => unreachable!("the ICN is not a node process"),
+        }
+    }
+
+    /// The process's counters (made at its first start).
+    pub fn metrics_of(&mut self, end: End) -> Arc<Metrics> {
+        let (role, id) = match end {
+            End::Flp(i) => ("flp", i),
+            End::Epn(i) => ("epn", i),
+            End::Icn => unreachable!("the ICN's metrics are its core's"),
+        };
+        let p = self.proc_mut(end);
+        p.metrics
+            .get_or_insert_with(|| Metrics::new(role, Some(id)))
+            .clone()
+    }
+
+    /// The incarnation on `conn`, if it is still its node's current one.
+    pub fn current(&self, conn: ConnId) -> Option<End> {
+        let end = *self.owner.get(&conn)?;
+        (end != End::Icn && self.proc(end).conn == Some(conn)).then_some(end)
+    }
+
+    /// The node's current incarnation ends (its state is gone; the process lives on).
+    pub fn end_incarnation(&mut self, end: End) {
+        self.proc_mut(end).conn = None;
+        match end {
+            End::Flp(i) => self.flps[i as usize].state = None,
+            End::Epn(i) => self.epns[i as usize].state = None,
+            End::Icn => {}
+        }
+    }
+
+    /// The process joins again after `after` (its incarnation ended).
+    pub fn rejoin(&mut self, end: End, after: Time) {
+        let gen = self.proc(end).gen;
+        self.q.after(after, Ev::Start { end, gen });
+    }
+
+    /// The node's control connection ended. After its run started it joins again; in
+    /// the pre-run the process ends (as `fanin flp` and `fanin epn` do: "the ICN closed
+    /// the connection before the run").
+    pub fn node_closed(&mut self, conn: ConnId) {
+        let Some(end) = self.current(conn) else {
+            return;
+        };
+        let started = match end {
+            End::Flp(i) => matches!(
+                self.flps[i as usize].state,
+                Some(super::flp::FlpState::Running(_))
+            ),
+            End::Epn(i) => matches!(
+                self.epns[i as usize].state,
+                Some(super::epn::EpnState::Running(_))
+            ),
+            End::Icn => false,
+        };
+        self.end_incarnation(end);
+        if started {
+            self.rejoin(end, REJOIN);
+        } else {
+            self.seen.log.push(format!(
+                "{}: the ICN closed the connection before the run; it exits",
+                end.name()
+            ));
+            self.proc_mut(end).gone = true;
+        }
+    }
+
+    /// SIGKILL: the process and its incarnation end; a new process starts after
+    /// `restart_ms`, or never.
+    pub fn kill(&mut self, end: End, restart_ms: Option<u64>) {
+        if let Some(conn) = self.proc(end).conn {
+            self.end_incarnation(end);
+            self.close_from_node(conn, Some("connection reset by peer".into()));
+        }
+        let gen = self.proc(end).gen;
+        self.zk_silent(end, gen, None);
+        let p = self.proc_mut(end);
+        p.gen += 1;
+        p.freeze += 1;
+        p.frozen_until = 0;
+        p.deferred.clear();
+        p.metrics = None;
+        let gen = p.gen;
+        match restart_ms {
+            Some(ms) if !p.gone => self.q.after(ms * MS, Ev::Start { end, gen }),
+            _ => p.gone = true,
+        }
+    }
+
+    /// SIGSTOP for `ms`: nothing reaches the process until it thaws. A second freeze
+    /// while frozen lasts until the later of the two ends.
+    pub fn freeze(&mut self, end: End, ms: u64) {
+        let now = self.q.now();
+        let gen = self.proc(end).gen;
+        self.zk_silent(end, gen, Some(ms));
+        let p = self.proc_mut(end);
+        p.frozen_until = p.frozen_until.max(now + ms * MS);
+        p.freeze += 1;
+        let (until, freeze) = (p.frozen_until, p.freeze);
+        self.q.at(until, Ev::Thaw { end, freeze });
+    }
+
+    /// SIGCONT: what waited is handled now, in the order it came.
+    pub fn thaw(&mut self, end: End, freeze: u64) {
+        let p = self.proc_mut(end);
+        if p.freeze != freeze {
+            return;
+        }
+        p.frozen_until = 0;
+        let waiting = std::mem::take(&mut p.deferred);
+        for ev in waiting {
+            self.dispatch(ev);
+        }
+    }
+
+    /// The frozen node an event is for, if any.
+    pub fn frozen_target(&self, ev: &Ev) -> Option<End> {
+        let end = match ev {
+            Ev::Start { end, .. } => *end,
+            Ev::ToNode { conn, .. }
+            | Ev::NodeClosed { conn }
+            | Ev::Tick { conn }
+            | Ev::FlpConnected { conn } => *self.owner.get(conn)?,
+            Ev::DataConnected { flp, .. } | Ev::Written { flp, .. } => *self.owner.get(flp)?,
+            Ev::Arrived { to, .. } => *self.owner.get(to)?,
+            _ => return None,
+        };
+        (end != End::Icn && self.proc(end).frozen_until > self.q.now()).then_some(end)
+    }
+}
