@@ -32,9 +32,7 @@ pub fn real_case(seed: u64) -> RealCase {
     let mut run = c.scenario.run.clone();
     run.tfs = Some(run.tfs.unwrap_or(MAX_TFS).min(MAX_TFS));
     run.rate_hz = run.rate_hz.min(MAX_RATE_HZ);
-    if run.stf_size == "256KiB" {
-        run.stf_size = "64KiB".into();
-    }
+    run.stf_size = run.stf_size.replace("256KiB", "64KiB");
     run.prerun_timeout_s = 30.0;
     let real_s = run.tfs.unwrap_or(MAX_TFS) as f64 / run.rate_hz;
     let mut faults = Vec::new();

@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 
-use fanin_node::config::Registry;
+use fanin_node::config::{OnStale, Registry, ScheduleKind};
 use fanin_node::RunConfig;
 use fanin_sched::PolicyKind;
 
@@ -99,7 +99,21 @@ fn random_run(rng: &mut Pcg64, expect: Expect, link_gbps: f64) -> RunConfig {
         },
         tfs: Some(rng.gen_range(50..=600)),
         duration_s: None,
-        stf_size: format!("{stf_kib}KiB"),
+        // Sizes vary (+-50 %) in a third of the runs: on-data places them by size.
+        stf_size: if rng.gen_bool(0.33) {
+            format!("random({stf_kib}KiB,0.5)")
+        } else {
+            format!("{stf_kib}KiB")
+        },
+        // A third of the runs schedule after the data exist (the FLPs' sources).
+        schedule: if rng.gen_bool(0.33) {
+            ScheduleKind::OnData
+        } else {
+            ScheduleKind::Timer
+        },
+        on_stale: *[OnStale::Incomplete, OnStale::Drop]
+            .choose(rng)
+            .expect("non-empty"),
         policy: *PolicyKind::ALL.choose(rng).expect("non-empty"),
         build_timeout_ms: *[300, 1000].choose(rng).expect("non-empty"),
         flp_buffer: fanin_node::config::ByteSize(flp_buf),

@@ -13,6 +13,7 @@ use fanin_sched::EpnId;
 use std::collections::{BTreeMap, VecDeque};
 
 use super::net::End;
+use super::source::SimSource;
 use super::world::{Ev, World, REJOIN};
 use crate::engine::{Time, MS};
 
@@ -42,11 +43,13 @@ pub struct FlpRun {
     data: BTreeMap<EpnId, ConnId>,
     /// STFs on the wire.
     writing: u32,
-    stopping: bool,
+    pub stopping: bool,
+    /// On-data: the synthetic source.
+    pub source: Option<SimSource>,
 }
 
 impl World {
-    fn flp_run(&mut self, i: u32) -> Option<&mut FlpRun> {
+    pub fn flp_run(&mut self, i: u32) -> Option<&mut FlpRun> {
         match self.flps[i as usize].state.as_mut()? {
             FlpState::Running(r) => Some(r),
             FlpState::Joining { .. } => None,
@@ -55,6 +58,9 @@ impl World {
 
     pub fn flp_control(&mut self, i: u32, conn: ConnId, msg: Message) {
         if self.flp_run(i).is_some() {
+            if let Message::RunStart { elapsed_us, .. } = msg {
+                self.source_start(i, conn, elapsed_us);
+            }
             return self.flp_feed(i, conn, Input::Control(msg));
         }
         let Some(FlpState::Joining { prep, list }) = self.flps[i as usize].state.as_mut() else {
@@ -98,6 +104,7 @@ impl World {
         let metrics = self.metrics_of(End::Flp(i));
         let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
         let on_data = prep.schedule == Schedule::OnData;
+        let source = on_data.then(|| SimSource::new(&prep, size));
         let core = FlpCore::new(
             i,
             (size, prep.seed, prep.retain, on_data),
@@ -110,6 +117,7 @@ impl World {
             data,
             writing: 0,
             stopping: false,
+            source,
         };
         self.flps[i as usize].state = Some(FlpState::Running(Box::new(run)));
         // TCP connects and the data handshakes: one round trip.
@@ -166,6 +174,8 @@ impl World {
         }
         if done {
             self.leave(End::Flp(i), conn);
+        } else {
+            self.source_unhold(i, conn); // room may have been freed
         }
     }
 

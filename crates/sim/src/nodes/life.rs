@@ -185,6 +185,7 @@ impl World {
             Ev::ToNode { conn, .. }
             | Ev::NodeClosed { conn }
             | Ev::Tick { conn }
+            | Ev::Produce { conn }
             | Ev::FlpConnected { conn } => *self.owner.get(conn)?,
             Ev::DataConnected { flp, .. } | Ev::Written { flp, .. } => *self.owner.get(flp)?,
             Ev::Arrived { to, .. } => *self.owner.get(to)?,

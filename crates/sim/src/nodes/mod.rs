@@ -12,6 +12,7 @@ pub mod fault;
 mod flp;
 mod life;
 pub mod net;
+mod source;
 mod world;
 mod zk;
 
@@ -25,6 +26,9 @@ pub use net::NetConfig;
 pub use world::Seen;
 
 use crate::engine::{Time, SEC};
+
+/// Simulated seconds a run may take beyond its length and pre-run time-out.
+const LIMIT_SLACK_S: f64 = 600.0;
 
 /// One simulated run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,6 +50,7 @@ pub struct Outcome {
     pub ended: bool,
     /// Why the ICN gave the run up, if it did (e.g. a node lost in the pre-run).
     pub fatal: Option<String>,
+    pub schedule: fanin_node::config::ScheduleKind,
     pub seen: Seen,
     /// Simulated time at the end.
     pub sim_ns: Time,
@@ -77,7 +82,9 @@ impl Scenario {
     }
 
     /// Simulated time after which a run that has not ended is a failure: its length,
-    /// the pre-run and drain time-outs, and a minute.
+    /// the pre-run time-out and ten minutes (an on-data run that lost an FLP for good
+    /// with a tight send buffer moves a buffer's worth of TFs per stale time plus build
+    /// time-out: minutes, not forever).
     fn limit(&self, c: &fanin_node::config::Checked) -> Time {
         let tfs = c.total_tfs.unwrap_or(0) as f64;
         let length = match (c.configured_duration, self.run.rate_hz > 0.0) {
@@ -86,7 +93,7 @@ impl Scenario {
             (None, false) => tfs * 1e-3,
         };
         let faults = self.faults.iter().map(|f| f.at_ms).max().unwrap_or(0) as f64 / 1e3;
-        let s = length.max(faults) + self.run.prerun_timeout_s + 60.0;
+        let s = length.max(faults) + self.run.prerun_timeout_s + LIMIT_SLACK_S;
         (s * SEC as f64) as Time
     }
 }
@@ -102,6 +109,7 @@ pub fn simulate(s: &Scenario) -> anyhow::Result<Outcome> {
         rows: std::mem::take(&mut w.rows),
         ended,
         fatal: w.icn.fatal().map(str::to_string),
+        schedule: s.run.schedule,
         sim_ns: w.q.now(),
         events: w.q.processed,
         seen: std::mem::take(&mut w.seen),

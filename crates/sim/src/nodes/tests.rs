@@ -411,3 +411,58 @@ fn a_kill_ends_the_process_whatever_it_was_doing() {
         .is_some_and(|&n| n > 0));
     assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
 }
+
+#[test]
+fn on_data_runs_schedule_what_the_sources_made() {
+    use fanin_node::config::ScheduleKind;
+    let kill = |at_ms, e| Fault {
+        at_ms,
+        node: Peer::Epn(e),
+        kind: FaultKind::Kill {
+            restart_ms: Some(200),
+        },
+    };
+    // 154 ms: EPN 0 is building a TF then.
+    let mut s = scenario(3, 4, 600, vec![kill(154, 0), kill(400, 2)]);
+    s.run.schedule = ScheduleKind::OnData;
+    s.run.stf_size = "random(96KiB,0.4)".into();
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    assert!(o.summary.reassigned > 0, "the kill hit TFs in flight");
+    // Every FLP made and announced every STF; the ICN placed them by their sizes.
+    for f in 0..3 {
+        assert_eq!(
+            counter(&o, &format!("FLP {f}"), "stfs.produced"),
+            600,
+            "{:?}",
+            o.summary.nodes
+        );
+    }
+    // An FLP frozen past the stale time: its STFs come late, the TFs go stale. Built
+    // from what exists (`incomplete`), the late STFs still complete them within the
+    // build time-out; with `drop` they end as `stf_stale`.
+    let freeze = Fault {
+        at_ms: 300,
+        node: Peer::Flp(0),
+        kind: FaultKind::Freeze { ms: 1500 },
+    };
+    let mut s = scenario(2, 3, 600, vec![freeze]);
+    s.run.schedule = ScheduleKind::OnData;
+    s.run.lease_ms = 5000;
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    assert!(
+        counter(&o, "FLP 0", "stfs.not_held") > 0,
+        "assigned before it made them"
+    );
+    s.run.on_stale = fanin_node::config::OnStale::Drop;
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
+    let stale = o
+        .summary
+        .dropped_by_reason
+        .get("stf_stale")
+        .copied()
+        .unwrap_or(0);
+    assert!(stale > 100, "{:?}", o.summary.dropped_by_reason);
+}

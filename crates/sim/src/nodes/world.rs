@@ -89,6 +89,10 @@ pub enum Ev {
         job: fanin_node::flp::core::StfJob,
     },
     Fault(usize),
+    /// On-data: the FLP's source looks for its next STF.
+    Produce {
+        conn: ConnId,
+    },
     /// ZooKeeper: the incarnation on `conn` creates its znode; its session expired; the
     /// ICN's watch delivers a snapshot.
     ZkCreate {
@@ -240,6 +244,7 @@ impl World {
             } => self.written(flp, to, job, arrive),
             Ev::Arrived { flp, to, job } => self.arrived(flp, to, job),
             Ev::Fault(i) => self.fault(i),
+            Ev::Produce { conn } => self.produce(conn),
             Ev::ZkCreate { conn } => self.zk_create(conn),
             Ev::ZkExpire { end, gen } => self.zk_expire(end, gen, true),
             Ev::ZkWatch(m) => self.zk_watch(m),

@@ -548,6 +548,9 @@ impl IcnCore {
             )
         } else {
             self.member_event(&node, "lost", 0, 0, why.to_string());
+            if self.cfg.run.on_data() {
+                self.source_lost(p.id);
+            }
             let until = match self.cfg.run.on_data() {
                 true => "its TFs wait for its STFs (stale after stf_stale_ms)",
                 false => "TFs are dropped (flp_lost)",

@@ -28,6 +28,9 @@ pub(crate) struct OnData {
     pub(crate) sizes: HashMap<TfId, u64>,
     /// FLPs whose source ended (or failed).
     sources_ended: BTreeSet<FlpId>,
+    /// FLPs lost from the run, since when (run time without pauses): after
+    /// `stf_stale_ms` away, their sources count as ended (the run must end without them).
+    lost: BTreeMap<FlpId, Now>,
 }
 
 impl OnData {
@@ -39,6 +42,7 @@ impl OnData {
             floor: 0,
             sizes: HashMap::new(),
             sources_ended: BTreeSet::new(),
+            lost: BTreeMap::new(),
         }
     }
 
@@ -73,6 +77,29 @@ impl IcnCore {
     /// An FLP joined the run again: its (new) source produces again.
     pub(super) fn source_restarted(&mut self, flp: FlpId) {
         self.ondata.sources_ended.remove(&flp);
+        self.ondata.lost.remove(&flp);
+    }
+
+    /// An FLP left the run: its source may come back with it (a ring survives its FLP),
+    /// for as long as its TFs wait (`stf_stale_ms`).
+    pub(super) fn source_lost(&mut self, flp: FlpId) {
+        let now = self.active_now();
+        self.ondata.lost.insert(flp, now);
+    }
+
+    /// Every FLP's source ended, or its FLP has been away for `stf_stale_ms`: no STF
+    /// can come any more.
+    fn sources_done(&self) -> bool {
+        let flps = self.cfg.run.cfg.flps;
+        let gone_since = self.active_now().checked_sub(self.stale_after());
+        (0..flps).all(|f| {
+            self.ondata.sources_ended.contains(&f)
+                || self
+                    .ondata
+                    .lost
+                    .get(&f)
+                    .is_some_and(|&t| gone_since.is_some_and(|g| t <= g))
+        })
     }
 
     /// An FLP announced STFs its source produced.
@@ -168,15 +195,20 @@ impl IcnCore {
                 return;
             }
         }
-        let flps = self.cfg.run.cfg.flps as usize;
-        if self.ondata.sources_ended.len() >= flps && self.unscheduled() == 0 {
+        if self.sources_done() && self.unscheduled() == 0 {
             self.begin_drain();
         }
     }
 
-    /// When the oldest announced TF goes stale (None: nothing waits, or paused).
+    /// When the oldest announced TF goes stale, or a lost FLP's source counts as ended
+    /// (None: nothing waits, or paused).
     pub(super) fn stale_deadline(&self) -> Option<Now> {
-        let at = self.ondata.gather.first_arrival()? + self.stale_after() + self.paused_total;
+        let first = self.ondata.gather.first_arrival();
+        // Lost FLPs not yet counted as ended (those past it need no more wake-ups).
+        let now = self.active_now();
+        let waiting = |t: &&Now| **t + self.stale_after() > now;
+        let lost = self.ondata.lost.values().filter(waiting).min().copied();
+        let at = first.into_iter().chain(lost).min()? + self.stale_after() + self.paused_total;
         self.paused_at.is_none().then_some(at)
     }
 

@@ -196,3 +196,39 @@ fn a_pause_holds_the_stale_clock_and_the_bound() {
     );
     assert_eq!(h.counter("tfs.stale.stf_stale"), 1);
 }
+
+#[test]
+fn a_run_whose_flp_is_lost_for_good_ends_once_its_stfs_could_not_come() {
+    // Found by `fanin chaos`: an on-data run waited for ever for an FLP that died and
+    // never came back (nothing else ends a run that has a TF count).
+    let mut h = on_data(2, 1, |c| c.tfs = Some(100));
+    announce(&mut h, 0, &[(0, 1)]);
+    announce(&mut h, 1, &[(0, 1)]);
+    h.complete(0, 0);
+    h.msg(
+        flp_conn(1),
+        Message::SourceEnded {
+            ok: true,
+            detail: "made all".into(),
+        },
+    );
+    h.now = std::time::Duration::from_millis(10);
+    h.feed(Input::Closed {
+        conn: flp_conn(0),
+        err: Some("connection reset by peer".into()),
+    });
+    // It may come back with its ring within stf_stale_ms (100 ms): the run waits ...
+    h.at(60);
+    h.at(109);
+    assert_eq!(h.core.phase(), Phase::Running);
+    assert_eq!(
+        h.core.stale_deadline(),
+        Some(std::time::Duration::from_millis(110))
+    );
+    // ... then no STF can come any more: the run ends, every TF accounted.
+    h.at(110);
+    assert_ne!(h.core.phase(), Phase::Running);
+    let s = h.finish();
+    assert!(s.invariant_ok);
+    assert_eq!((s.issued, s.completed), (1, 1));
+}

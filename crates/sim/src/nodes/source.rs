@@ -1,0 +1,121 @@
+//! The nodes model's on-data source: the synthetic source of `fanin flp` (the detector's
+//! clock on the FLP: TF `n` at `n / rate` after RunStart, the run's size model), made of
+//! events. It waits while the FLP's send buffer has no room, never drops.
+
+use fanin_node::flp::core::Input;
+use fanin_node::icn::core::ConnId;
+use fanin_proto::{Prepare, StfInfo};
+use fanin_sched::StfSize;
+
+use super::net::End;
+use super::world::{Ev, World};
+use crate::engine::{Time, SEC};
+
+pub struct SimSource {
+    size: StfSize,
+    seed: u64,
+    /// TFs per second (None: as fast as the send buffer allows).
+    rate_hz: Option<f64>,
+    /// TFs to make (0: until the run stops).
+    total: u64,
+    /// When TF 0 was due (set at RunStart).
+    t0: Option<Time>,
+    next: u64,
+    /// A Produce event is queued.
+    queued: bool,
+    /// Waiting for room in the send buffer.
+    pub held: bool,
+    ended: bool,
+}
+
+impl SimSource {
+    pub fn new(prep: &Prepare, size: StfSize) -> SimSource {
+        SimSource {
+            size,
+            seed: prep.seed,
+            rate_hz: (prep.rate_mhz > 0).then(|| prep.rate_mhz as f64 / 1000.0),
+            total: prep.tfs,
+            t0: None,
+            next: 0,
+            queued: false,
+            held: false,
+            ended: false,
+        }
+    }
+
+    fn due(&self, tf: u64) -> Time {
+        let t0 = self.t0.expect("started");
+        self.rate_hz
+            .map_or(t0, |r| t0 + (tf as f64 / r * SEC as f64).ceil() as Time)
+    }
+}
+
+impl World {
+    fn source(&mut self, i: u32) -> Option<&mut SimSource> {
+        self.flp_run(i)?.source.as_mut()
+    }
+
+    /// RunStart: the detector's clock started `elapsed_us` ago (an FLP joining mid-run
+    /// starts at the TF due now: the earlier ones are gone with the process before it).
+    pub fn source_start(&mut self, i: u32, conn: ConnId, elapsed_us: u64) {
+        let now = self.q.now();
+        let Some(s) = self.source(i) else { return };
+        let elapsed = elapsed_us * 1000;
+        s.t0 = Some(now.saturating_sub(elapsed));
+        if let Some(r) = s.rate_hz {
+            s.next = (elapsed as f64 / SEC as f64 * r).floor() as u64;
+        }
+        self.source_wake(i, conn, now);
+    }
+
+    fn source_wake(&mut self, i: u32, conn: ConnId, at: Time) {
+        let Some(s) = self.source(i) else { return };
+        if !s.queued && !s.ended {
+            s.queued = true;
+            self.q.at(at, Ev::Produce { conn });
+        }
+    }
+
+    /// The source's next STF, if it is due and fits; else when it is due, or held.
+    pub fn produce(&mut self, conn: ConnId) {
+        let Some(End::Flp(i)) = self.current(conn) else {
+            return;
+        };
+        let now = self.q.now();
+        let Some(run) = self.flp_run(i) else { return };
+        let stopping = run.stopping;
+        let Some(s) = run.source.as_mut() else { return };
+        s.queued = false;
+        if stopping || s.ended || s.held {
+            return;
+        }
+        if s.total > 0 && s.next >= s.total {
+            s.ended = true;
+            let detail = format!("made all {} TFs", s.total);
+            return self.flp_feed(i, conn, Input::SourceEnded { ok: true, detail });
+        }
+        let (tf, due) = (s.next, s.due(s.next));
+        if due > now {
+            return self.source_wake(i, conn, due);
+        }
+        let size = s.size.sample(s.seed, i, tf);
+        if !run.core.has_room(size) {
+            run.source.as_mut().expect("a source").held = true;
+            return;
+        }
+        run.source.as_mut().expect("a source").next += 1;
+        self.flp_feed(i, conn, Input::Produced(StfInfo { tf_id: tf, size }));
+        self.flp_feed(i, conn, Input::Flush);
+        self.source_wake(i, conn, now);
+    }
+
+    /// After the FLP's core took an input: a held source tries again (room may be free).
+    pub fn source_unhold(&mut self, i: u32, conn: ConnId) {
+        let now = self.q.now();
+        let Some(s) = self.source(i) else { return };
+        if s.held {
+            s.held = false;
+            self.source_wake(i, conn, now);
+        }
+    }
+}
