@@ -32,9 +32,14 @@ pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
         v.push(format!("the ICN gave the run up: {f}"));
     }
     // On-data, TFs exist when their STFs do: a source that made fewer (a restarted
-    // synthetic source skips what was due while its FLP was away) is not a loss.
+    // synthetic source skips what was due while its FLP was away) is not a loss; with
+    // no FLP lost, every TF planned must be issued there too.
     let timer = o.schedule == fanin_node::config::ScheduleKind::Timer;
-    if timer && s.planned_tfs.is_some_and(|n| s.issued != n) {
+    let flp_lost = s
+        .membership
+        .iter()
+        .any(|m| m.node.starts_with("FLP") && m.kind == "lost");
+    if (timer || !flp_lost) && s.planned_tfs.is_some_and(|n| s.issued != n) {
         v.push(format!(
             "issued {} of the {:?} TFs planned",
             s.issued, s.planned_tfs

@@ -156,6 +156,8 @@ impl World {
     /// Feeds the core one input, carries out its actions (a write that cannot start
     /// comes back at once as a failed send), and leaves once stopped and idle.
     pub fn flp_feed(&mut self, i: u32, conn: ConnId, input: Input) {
+        // As `fanin flp`: a held source asks again after any input but these.
+        let retry = !matches!(input, Input::Flush | Input::Heartbeat);
         let mut inputs = VecDeque::from([input]);
         while let Some(input) = inputs.pop_front() {
             let Some(run) = self.flp_run(i) else { return };
@@ -174,7 +176,7 @@ impl World {
         }
         if done {
             self.leave(End::Flp(i), conn);
-        } else {
+        } else if retry {
             self.source_unhold(i, conn); // room may have been freed
         }
     }

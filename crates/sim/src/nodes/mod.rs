@@ -27,8 +27,10 @@ pub use world::Seen;
 
 use crate::engine::{Time, SEC};
 
-/// Simulated seconds a run may take beyond its length and pre-run time-out.
-const LIMIT_SLACK_S: f64 = 600.0;
+/// Simulated seconds a run may take beyond its length and pre-run time-out (on-data: see
+/// `Scenario::limit`).
+const TIMER_SLACK_S: f64 = 60.0;
+const ON_DATA_SLACK_S: f64 = 600.0;
 
 /// One simulated run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,9 +84,9 @@ impl Scenario {
     }
 
     /// Simulated time after which a run that has not ended is a failure: its length,
-    /// the pre-run time-out and ten minutes (an on-data run that lost an FLP for good
-    /// with a tight send buffer moves a buffer's worth of TFs per stale time plus build
-    /// time-out: minutes, not forever).
+    /// the pre-run time-out and a minute; ten for on-data runs (one that lost an FLP for
+    /// good with a tight send buffer moves a buffer's worth of TFs per stale time plus
+    /// build time-out: minutes, not forever).
     fn limit(&self, c: &fanin_node::config::Checked) -> Time {
         let tfs = c.total_tfs.unwrap_or(0) as f64;
         let length = match (c.configured_duration, self.run.rate_hz > 0.0) {
@@ -93,7 +95,11 @@ impl Scenario {
             (None, false) => tfs * 1e-3,
         };
         let faults = self.faults.iter().map(|f| f.at_ms).max().unwrap_or(0) as f64 / 1e3;
-        let s = length.max(faults) + self.run.prerun_timeout_s + LIMIT_SLACK_S;
+        let slack = match self.run.schedule {
+            fanin_node::config::ScheduleKind::OnData => ON_DATA_SLACK_S,
+            fanin_node::config::ScheduleKind::Timer => TIMER_SLACK_S,
+        };
+        let s = length.max(faults) + self.run.prerun_timeout_s + slack;
         (s * SEC as f64) as Time
     }
 }

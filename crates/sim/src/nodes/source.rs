@@ -99,6 +99,15 @@ impl World {
             return self.source_wake(i, conn, due);
         }
         let size = s.size.sample(s.seed, i, tf);
+        if size > run.core.limit() {
+            // As `fanin flp`'s source: an STF no send buffer can take fails the source.
+            s.ended = true;
+            let limit = run.core.limit();
+            let detail = format!(
+                "FLP {i}: source: an STF of {size} bytes is over --send-buffer {limit}: it can never be sent"
+            );
+            return self.flp_feed(i, conn, Input::SourceEnded { ok: false, detail });
+        }
         if !run.core.has_room(size) {
             run.source.as_mut().expect("a source").held = true;
             return;

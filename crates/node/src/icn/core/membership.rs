@@ -552,7 +552,7 @@ impl IcnCore {
                 self.source_lost(p.id);
             }
             let until = match self.cfg.run.on_data() {
-                true => "its TFs wait for its STFs (stale after stf_stale_ms)",
+                true => "its TFs wait for its STFs (stale after stf_stale_ms; after as long away, its source counts as ended)",
                 false => "TFs are dropped (flp_lost)",
             };
             format!("t={t:.3}s {name} lost ({why}); {until} until it rejoins")

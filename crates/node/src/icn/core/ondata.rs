@@ -87,6 +87,25 @@ impl IcnCore {
         self.ondata.lost.insert(flp, now);
     }
 
+    /// Why the run ends without them: the lost FLPs whose sources count as ended.
+    fn note_lost_sources(&mut self) {
+        let t = self.now_us() as f64 / 1e6;
+        let ended = &self.ondata.sources_ended;
+        let lost: Vec<FlpId> = self
+            .ondata
+            .lost
+            .keys()
+            .filter(|f| !ended.contains(f))
+            .copied()
+            .collect();
+        for f in lost {
+            let line =
+                format!("t={t:.3}s FLP {f}: away for stf_stale_ms: its source counts as ended");
+            self.log(Level::Warn, line.clone());
+            self.note(line);
+        }
+    }
+
     /// Every FLP's source ended, or its FLP has been away for `stf_stale_ms`: no STF
     /// can come any more.
     fn sources_done(&self) -> bool {
@@ -196,6 +215,7 @@ impl IcnCore {
             }
         }
         if self.sources_done() && self.unscheduled() == 0 {
+            self.note_lost_sources();
             self.begin_drain();
         }
     }

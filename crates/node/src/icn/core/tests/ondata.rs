@@ -231,4 +231,27 @@ fn a_run_whose_flp_is_lost_for_good_ends_once_its_stfs_could_not_come() {
     let s = h.finish();
     assert!(s.invariant_ok);
     assert_eq!((s.issued, s.completed), (1, 1));
+    assert!(
+        s.events
+            .iter()
+            .any(|e| e.contains("FLP 0: away for stf_stale_ms")),
+        "{:?}",
+        s.events
+    );
+
+    // With another FLP still making STFs, the run goes on, and the lost FLP's passed
+    // deadline asks for no more wake-ups.
+    let mut h = on_data(3, 1, |c| c.tfs = Some(100));
+    h.feed(Input::Closed {
+        conn: flp_conn(0),
+        err: None,
+    });
+    h.at(150);
+    assert_eq!(h.core.phase(), Phase::Running);
+    assert_eq!(h.core.stale_deadline(), None);
+    announce(&mut h, 1, &[(0, 1)]);
+    assert_eq!(
+        h.core.stale_deadline(),
+        Some(std::time::Duration::from_millis(250))
+    );
 }
