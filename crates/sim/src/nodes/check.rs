@@ -20,6 +20,30 @@ pub enum Expect {
 
 /// Every broken promise, as one line each (none: the run kept them all).
 pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
+    let s = &o.summary;
+    let mut v = run(o);
+    v.extend(accounting(s));
+    v.extend(rows(o));
+    for (tf, epns) in &o.seen.complete_reports {
+        if epns.len() > 1 {
+            v.push(format!(
+                "TF {tf} completed {} times (EPNs {epns:?})",
+                epns.len()
+            ));
+        }
+    }
+    v.extend(o.seen.over_limit.iter().cloned());
+    if expect == Expect::ZeroLoss && s.completed != s.issued {
+        v.push(format!(
+            "zero loss: {} of {} TFs completed (incomplete {:?}, dropped {:?})",
+            s.completed, s.issued, s.incomplete_by_reason, s.dropped_by_reason
+        ));
+    }
+    v
+}
+
+/// The run: it started, ended, and issued what it planned.
+fn run(o: &Outcome) -> Vec<String> {
     let mut v = Vec::new();
     let s = &o.summary;
     if !o.ended {
@@ -45,6 +69,12 @@ pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
             s.issued, s.planned_tfs
         ));
     }
+    v
+}
+
+/// The invariant, and every TF not complete ended for a named reason.
+fn accounting(s: &fanin_node::Summary) -> Vec<String> {
+    let mut v = Vec::new();
     if !s.invariant_ok || s.issued != s.completed + s.incomplete + s.dropped {
         v.push(format!(
             "invariant: issued {} != completed {} + incomplete {} + dropped {}",
@@ -59,22 +89,6 @@ pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
         if by_reason != n || by.contains_key("none") {
             v.push(format!("{what} {n} but by reason {by:?}"));
         }
-    }
-    v.extend(rows(o));
-    for (tf, epns) in &o.seen.complete_reports {
-        if epns.len() > 1 {
-            v.push(format!(
-                "TF {tf} completed {} times (EPNs {epns:?})",
-                epns.len()
-            ));
-        }
-    }
-    v.extend(o.seen.over_limit.iter().cloned());
-    if expect == Expect::ZeroLoss && s.completed != s.issued {
-        v.push(format!(
-            "zero loss: {} of {} TFs completed (incomplete {:?}, dropped {:?})",
-            s.completed, s.issued, s.incomplete_by_reason, s.dropped_by_reason
-        ));
     }
     v
 }
