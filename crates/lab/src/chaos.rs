@@ -1,6 +1,7 @@
 //! `fanin chaos`: the fault campaign over the nodes model. Runs seeds, prints one line
 //! per failing seed with its shrunk schedule and the command that replays it, and the
-//! campaign's totals; one seed alone prints its scenario, faults and outcome.
+//! campaign's totals; one seed alone prints its scenario, faults and outcome; `--real`
+//! runs seeds against real processes (`chaos_real.rs`).
 
 use std::time::Instant;
 

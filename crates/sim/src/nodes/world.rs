@@ -2,7 +2,8 @@
 //! by one event queue in simulated time (no threads, no sockets, no clock).
 //!
 //! This file holds the loop, the ICN's side and the faults; `flp.rs` and `epn.rs` are
-//! the nodes' shells (what the tokio shells do with sockets, done with events here).
+//! the nodes' shells (what the tokio shells do with sockets, done with events here),
+//! `life.rs` their processes, `source.rs` the on-data source, `zk.rs` ZooKeeper.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
