@@ -178,6 +178,19 @@ impl World {
         }
     }
 
+    /// A write waits for its frozen FLP, or for the EPN it writes to while that EPN
+    /// (still the incarnation on `to`) is frozen: it reads nothing, TCP's window closes
+    /// (the model has no socket buffer to fill first).
+    fn write_blocked(&self, flp: ConnId, to: ConnId) -> Option<End> {
+        let frozen = |end: End| self.proc(end).frozen_until > self.q.now();
+        let f = *self.owner.get(&flp)?;
+        if frozen(f) {
+            return Some(f);
+        }
+        let e = self.current(to)?;
+        frozen(e).then_some(e)
+    }
+
     /// The frozen node an event is for, if any.
     pub fn frozen_target(&self, ev: &Ev) -> Option<End> {
         let end = match ev {
@@ -187,7 +200,8 @@ impl World {
             | Ev::Tick { conn }
             | Ev::Produce { conn }
             | Ev::FlpConnected { conn } => *self.owner.get(conn)?,
-            Ev::DataConnected { flp, .. } | Ev::Written { flp, .. } => *self.owner.get(flp)?,
+            Ev::Written { flp, to, .. } => return self.write_blocked(*flp, *to),
+            Ev::DataConnected { flp, .. } => *self.owner.get(flp)?,
             Ev::Arrived { to, .. } => *self.owner.get(to)?,
             _ => return None,
         };

@@ -466,3 +466,29 @@ fn on_data_runs_schedule_what_the_sources_made() {
         .unwrap_or(0);
     assert!(stale > 100, "{:?}", o.summary.dropped_by_reason);
 }
+
+#[test]
+fn a_frozen_epn_backs_up_the_flps_queues_to_it() {
+    // It reads nothing: the FLPs' writes to it wait, their buffers fill, and what does
+    // not fit is dropped with its reason (not absorbed by an endless network).
+    let freeze = Fault {
+        at_ms: 100,
+        node: Peer::Epn(1),
+        kind: FaultKind::Freeze { ms: 400 },
+    };
+    let mut s = scenario(2, 3, 600, vec![freeze]);
+    s.run.lease_ms = 5000; // not lost: only frozen
+    s.run.reassign = false;
+    s.run.flp_buffer = fanin_node::config::ByteSize(1 << 20);
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
+    let full: u64 = o
+        .summary
+        .dropped_by_reason
+        .iter()
+        .filter(|(r, _)| r.starts_with("flp_"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(full > 0, "{:?}", o.summary.dropped_by_reason);
+    assert!(member(&o, "EPN 1", "lost").is_none());
+}
