@@ -143,12 +143,17 @@ impl World {
         p.gen += 1;
         p.freeze += 1;
         p.frozen_until = 0;
-        p.deferred.clear();
         p.metrics = None;
+        let waiting = std::mem::take(&mut p.deferred);
         let gen = p.gen;
         match restart_ms {
             Some(ms) if !p.gone => self.q.after(ms * MS, Ev::Start { end, gen }),
             _ => p.gone = true,
+        }
+        // What waited for it now meets a dead process: its own events are ignored, an
+        // FLP's write blocked on it fails (the connection resets).
+        for ev in waiting {
+            self.dispatch(ev);
         }
     }
 

@@ -492,3 +492,37 @@ fn a_frozen_epn_backs_up_the_flps_queues_to_it() {
     assert!(full > 0, "{:?}", o.summary.dropped_by_reason);
     assert!(member(&o, "EPN 1", "lost").is_none());
 }
+
+#[test]
+fn writes_blocked_on_a_frozen_epn_fail_when_it_is_killed() {
+    // Found by the long campaign (seed 1002939): writes waiting for a frozen EPN were
+    // lost with it when it was killed, and the FLPs' buffers never emptied.
+    let f = |at_ms, kind| Fault {
+        at_ms,
+        node: Peer::Epn(1),
+        kind,
+    };
+    let mut s = scenario(
+        2,
+        3,
+        600,
+        vec![
+            f(100, FaultKind::Freeze { ms: 2000 }),
+            f(
+                200,
+                FaultKind::Kill {
+                    restart_ms: Some(100),
+                },
+            ),
+        ],
+    );
+    s.run.flp_buffer = fanin_node::config::ByteSize(1 << 20);
+    s.run.schedule = fanin_node::config::ScheduleKind::OnData;
+    let o = simulate(&s).unwrap();
+    assert_eq!(violations(&o, Expect::Accounted), Vec::<String>::new());
+    assert!(
+        counter(&o, "FLP 0", "errors.send_failed") > 0,
+        "{:?}",
+        o.summary.nodes
+    );
+}
