@@ -9,7 +9,7 @@ pub mod workload;
 pub use gather::{Gather, Heard};
 pub use placement::{Placed, Placer, PolicyConfig};
 pub use policy::{Decision, DropReason, EpnLoad, Policy, PolicyKind, TfRequest};
-pub use workload::{parse_bytes, StfSize};
+pub use workload::{parse_bytes, DetectorClock, StfSize};
 
 /// A configuration value that does not parse or is out of range; the message names it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -189,6 +189,33 @@ impl std::fmt::Display for StfSize {
     }
 }
 
+/// The detector's clock of an on-data synthetic source, once for the FLP and the
+/// simulators: TF `n` is due `n / rate` after the run started (no rate: as fast as the
+/// send buffer allows), and `total` TFs are made (0: until the run stops).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DetectorClock {
+    pub rate_hz: Option<f64>,
+    pub total: u64,
+}
+
+impl DetectorClock {
+    /// Seconds after the run's start at which TF `tf` is due.
+    pub fn due_s(&self, tf: TfId) -> f64 {
+        self.rate_hz.map_or(0.0, |r| tf as f64 / r)
+    }
+
+    /// The first TF of a source that starts `elapsed_s` into the run: the ones due
+    /// before were the run's before it (None: no clock, it starts where it is).
+    pub fn first_at(&self, elapsed_s: f64) -> Option<TfId> {
+        self.rate_hz.map(|r| (elapsed_s * r).floor() as TfId)
+    }
+
+    /// Every TF made, when `next` is the next one.
+    pub fn ended(&self, next: TfId) -> bool {
+        self.total > 0 && next >= self.total
+    }
+}
+
 /// Parses a byte count: `58750`, `58750B`, `64KiB`, `1MiB`, `2GiB`, `10kB`, `1MB`, `1GB`.
 pub fn parse_bytes(s: &str) -> Result<u64, crate::ParseError> {
     bytes_of(s).map_err(crate::ParseError)

@@ -33,12 +33,7 @@ pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
         }
     }
     v.extend(o.seen.over_limit.iter().cloned());
-    if expect == Expect::ZeroLoss && s.completed != s.issued {
-        v.push(format!(
-            "zero loss: {} of {} TFs completed (incomplete {:?}, dropped {:?})",
-            s.completed, s.issued, s.incomplete_by_reason, s.dropped_by_reason
-        ));
-    }
+    v.extend(zero_loss(s, expect));
     v
 }
 
@@ -73,7 +68,7 @@ fn run(o: &Outcome) -> Vec<String> {
 }
 
 /// The invariant, and every TF not complete ended for a named reason.
-fn accounting(s: &fanin_node::Summary) -> Vec<String> {
+pub fn accounting(s: &fanin_node::Summary) -> Vec<String> {
     let mut v = Vec::new();
     if !s.invariant_ok || s.issued != s.completed + s.incomplete + s.dropped {
         v.push(format!(
@@ -96,12 +91,8 @@ fn accounting(s: &fanin_node::Summary) -> Vec<String> {
 /// The rows: one per TF issued, ids unique and below the count, a completed TF's EPN the
 /// one that reported it.
 fn rows(o: &Outcome) -> Vec<String> {
-    let mut v = Vec::new();
-    let mut ids = BTreeSet::new();
+    let mut v = once_each(o.rows.iter().map(|r| r.tf_id), o.summary.issued);
     for r in &o.rows {
-        if !ids.insert(r.tf_id) {
-            v.push(format!("TF {} ended twice in tfs.csv (id reused)", r.tf_id));
-        }
         // Timer TF ids are 0..issued; on-data ids are the sources' (below the count).
         let bound = o.summary.issued.max(o.summary.planned_tfs.unwrap_or(0));
         if r.tf_id >= bound {
@@ -127,12 +118,30 @@ fn rows(o: &Outcome) -> Vec<String> {
             }
         }
     }
-    if ids.len() as u64 != o.summary.issued {
-        v.push(format!(
-            "{} TFs in tfs.csv, {} issued",
-            ids.len(),
-            o.summary.issued
-        ));
+    v
+}
+
+/// The TF ids of `tfs.csv`: each once, one per TF issued.
+pub fn once_each(ids: impl Iterator<Item = u64>, issued: u64) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut seen = BTreeSet::new();
+    for id in ids {
+        if !seen.insert(id) {
+            v.push(format!("TF {id} ended twice in tfs.csv (id reused)"));
+        }
+    }
+    if seen.len() as u64 != issued {
+        v.push(format!("{} TFs in tfs.csv, {issued} issued", seen.len()));
     }
     v
+}
+
+/// Where zero loss is promised: every TF issued completed.
+pub fn zero_loss(s: &fanin_node::Summary, expect: Expect) -> Option<String> {
+    (expect == Expect::ZeroLoss && s.completed != s.issued).then(|| {
+        format!(
+            "zero loss: {} of {} TFs completed (incomplete {:?}, dropped {:?})",
+            s.completed, s.issued, s.incomplete_by_reason, s.dropped_by_reason
+        )
+    })
 }

@@ -1,11 +1,11 @@
 //! The nodes model's on-data source: the synthetic source of `fanin flp` (the detector's
-//! clock on the FLP: TF `n` at `n / rate` after RunStart, the run's size model), made of
-//! events. It waits while the FLP's send buffer has no room, never drops.
+//! clock on the FLP, `fanin_sched::DetectorClock`, shared with it; the run's size model),
+//! made of events. It waits while the FLP's send buffer has no room, never drops.
 
 use fanin_node::flp::core::Input;
 use fanin_node::icn::core::ConnId;
 use fanin_proto::{Prepare, StfInfo};
-use fanin_sched::StfSize;
+use fanin_sched::{DetectorClock, StfSize};
 
 use super::net::End;
 use super::world::{Ev, World};
@@ -14,10 +14,7 @@ use crate::engine::{Time, SEC};
 pub struct SimSource {
     size: StfSize,
     seed: u64,
-    /// TFs per second (None: as fast as the send buffer allows).
-    rate_hz: Option<f64>,
-    /// TFs to make (0: until the run stops).
-    total: u64,
+    clock: DetectorClock,
     /// When TF 0 was due (set at RunStart).
     t0: Option<Time>,
     next: u64,
@@ -33,8 +30,10 @@ impl SimSource {
         SimSource {
             size,
             seed: prep.seed,
-            rate_hz: (prep.rate_mhz > 0).then(|| prep.rate_mhz as f64 / 1000.0),
-            total: prep.tfs,
+            clock: DetectorClock {
+                rate_hz: (prep.rate_mhz > 0).then(|| prep.rate_mhz as f64 / 1000.0),
+                total: prep.tfs,
+            },
             t0: None,
             next: 0,
             queued: false,
@@ -45,8 +44,7 @@ impl SimSource {
 
     fn due(&self, tf: u64) -> Time {
         let t0 = self.t0.expect("started");
-        self.rate_hz
-            .map_or(t0, |r| t0 + (tf as f64 / r * SEC as f64).ceil() as Time)
+        t0 + (self.clock.due_s(tf) * SEC as f64).ceil() as Time
     }
 }
 
@@ -62,8 +60,8 @@ impl World {
         let Some(s) = self.source(i) else { return };
         let elapsed = elapsed_us * 1000;
         s.t0 = Some(now.saturating_sub(elapsed));
-        if let Some(r) = s.rate_hz {
-            s.next = (elapsed as f64 / SEC as f64 * r).floor() as u64;
+        if let Some(first) = s.clock.first_at(elapsed as f64 / SEC as f64) {
+            s.next = first;
         }
         self.source_wake(i, conn, now);
     }
@@ -89,9 +87,9 @@ impl World {
         if stopping || s.ended || s.held {
             return;
         }
-        if s.total > 0 && s.next >= s.total {
+        if s.clock.ended(s.next) {
             s.ended = true;
-            let detail = format!("made all {} TFs", s.total);
+            let detail = format!("made all {} TFs", s.clock.total);
             return self.flp_feed(i, conn, Input::SourceEnded { ok: true, detail });
         }
         let (tf, due) = (s.next, s.due(s.next));

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use fanin_proto::{Prepare, StfInfo};
-use fanin_sched::StfSize;
+use fanin_sched::{DetectorClock, StfSize};
 use tokio::time::Instant;
 
 use super::{Event, Payload, Produced};
@@ -14,9 +14,7 @@ pub struct Synthetic {
     size: StfSize,
     seed: u64,
     t0: Instant,
-    rate_hz: Option<f64>,
-    /// TFs to make (0: until the run stops).
-    total: u64,
+    clock: DetectorClock,
     next: u64,
 }
 
@@ -27,8 +25,10 @@ impl Synthetic {
             size,
             seed: prep.seed,
             t0: Instant::now(),
-            rate_hz,
-            total: prep.tfs,
+            clock: DetectorClock {
+                rate_hz,
+                total: prep.tfs,
+            },
             next: 0,
         }
     }
@@ -39,17 +39,17 @@ impl Synthetic {
         self.t0 = Instant::now()
             .checked_sub(elapsed)
             .unwrap_or_else(Instant::now);
-        if let Some(r) = self.rate_hz {
-            self.next = (elapsed.as_secs_f64() * r).floor() as u64;
+        if let Some(first) = self.clock.first_at(elapsed.as_secs_f64()) {
+            self.next = first;
         }
     }
 
     pub async fn next(&mut self, room: u64) -> Event {
-        if self.total > 0 && self.next >= self.total {
-            return Event::Ended(format!("made all {} TFs", self.total));
+        if self.clock.ended(self.next) {
+            return Event::Ended(format!("made all {} TFs", self.clock.total));
         }
-        if let Some(r) = self.rate_hz {
-            let at = Duration::from_secs_f64(self.next as f64 / r);
+        if self.clock.rate_hz.is_some() {
+            let at = Duration::from_secs_f64(self.clock.due_s(self.next));
             tokio::time::sleep_until(self.t0 + at).await;
         }
         let tf = self.next;

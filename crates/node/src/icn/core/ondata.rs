@@ -214,7 +214,8 @@ impl IcnCore {
                 return;
             }
         }
-        if self.sources_done() && self.unscheduled() == 0 {
+        // The cheap test first: this runs on every pump.
+        if self.unscheduled() == 0 && self.sources_done() {
             self.note_lost_sources();
             self.begin_drain();
         }
