@@ -3,7 +3,8 @@
 //! and SIGSTOP of `fanin` processes, and the run's own files are held to the promises.
 //!
 //! Partitions, resets and slow links need network namespaces: a real case draws only
-//! kills and freezes.
+//! kills and freezes. With ZooKeeper every other case also kills the ICN, whose standby
+//! takes the run over (the promises then hold across the take-over).
 
 use std::path::{Path, PathBuf};
 
@@ -55,11 +56,27 @@ pub fn real_case(seed: u64) -> RealCase {
             after_tfs: None,
         });
     }
+    if run.registry == fanin_node::config::Registry::ZooKeeper && (seed / 2).is_multiple_of(2) {
+        faults.push(icn_kill(seed, real_s));
+    }
     RealCase {
         seed,
         run,
         faults,
         expect: c.expect,
+    }
+}
+
+/// The ICN killed (-9) between 30 % and 70 % of the run, the moment drawn from the seed.
+fn icn_kill(seed: u64, real_s: f64) -> Fault {
+    let frac =
+        0.3 + 0.4 * ((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64 / (1u64 << 53) as f64);
+    Fault {
+        node: "icn".into(),
+        action: Action::Kill,
+        at_s: Some(frac * real_s),
+        restart_after_s: None,
+        after_tfs: None,
     }
 }
 

@@ -119,6 +119,8 @@ pub async fn locate_icn(
 pub struct Joined {
     pub me: u32,
     pub run_id: u64,
+    /// The ICN took this run over from a failed one: keep what you hold, and tell.
+    pub resume: bool,
     /// Local address of the control connection (unique per incarnation of the node).
     pub local: std::net::SocketAddr,
     pub rd: BufReader<OwnedReadHalf>,
@@ -188,8 +190,12 @@ pub async fn join(
         .await
         .map_err(|e| anyhow::anyhow!("ICN {icn}: {e}"))?;
     let answer = read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await;
-    let (me, run_id) = match answer {
-        Ok(Some(Message::RegisterAck { node_id, run_id })) => (node_id, run_id),
+    let (me, run_id, resume) = match answer {
+        Ok(Some(Message::RegisterAck {
+            node_id,
+            run_id,
+            resume,
+        })) => (node_id, run_id, resume),
         Ok(Some(Message::Reject { code, reason })) => {
             return Err(JoinError::Refused {
                 icn,
@@ -207,11 +213,31 @@ pub async fn join(
     Ok(Joined {
         me,
         run_id,
+        resume,
         local,
         rd,
         ctl,
         writer,
     })
+}
+
+/// A node that kept run `run_id` across an ICN loss: did that run end meanwhile, says
+/// the registry? Then there is nothing to join, and the node's run is over.
+pub async fn ended_meanwhile(
+    reg: Option<&crate::registry::ZkRegistry>,
+    run_id: Option<u64>,
+    role: Role,
+    id: Option<u32>,
+) -> bool {
+    let (Some(r), Some(run_id)) = (reg, run_id) else {
+        return false;
+    };
+    let ended = crate::icn::run_state::ended(r, run_id).await;
+    if ended {
+        let (name, me) = (role.name(), id.unwrap_or_default());
+        tracing::info!("{name} {me}: run {run_id} ended while this {name} was away");
+    }
+    ended
 }
 
 /// Who joins, and where: the ICN's address or the registry that names it.

@@ -10,8 +10,9 @@ pub mod wire;
 pub use error::DecodeError;
 pub use frame::{FrameHeader, HEADER_LEN, MAGIC, VERSION};
 pub use message::{
-    EpnEntry, Message, MsgType, NodeStats, Nonce, Prepare, Proof, Reason, Register, RejectCode,
-    Role, RunState, Schedule, SizeWire, StfHeader, StfInfo, TfReport, TfStatus, STF_HEADER_LEN,
+    EpnEntry, HeldStf, Message, MsgType, NodeStats, Nonce, Prepare, Proof, Reason, Register,
+    RejectCode, Role, RunState, Schedule, SizeWire, StfHeader, StfInfo, TfReport, TfStatus,
+    HELD_BATCH, STF_HEADER_LEN,
 };
 
 /// Body limit for control connections (ICN <-> FLP/EPN). An EpnList of 2000 EPNs

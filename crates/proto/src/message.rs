@@ -105,6 +105,7 @@ reasons! {
     SinkRefused = 18 => "sink_refused",
     OrderGivenUp = 19 => "order_given_up",
     StfStale = 20 => "stf_stale",
+    IcnLost = 21 => "icn_lost",
 }
 
 /// STF size distribution as sent on the wire; `fanin_sched::workload` interprets it.
@@ -405,6 +406,8 @@ pub enum MsgType {
     RunState = 21,
     StfAnnounce = 22,
     SourceEnded = 23,
+    StfsHeld = 24,
+    TfsHeld = 25,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -413,6 +416,9 @@ pub enum Message {
     RegisterAck {
         node_id: u32,
         run_id: u64,
+        /// This ICN took over the run `run_id` from a failed one: a node that was in it
+        /// keeps what it holds and says so (`StfsHeld`, `TfsHeld`) before its Ready.
+        resume: bool,
     },
     Reject {
         code: RejectCode,
@@ -495,7 +501,28 @@ pub enum Message {
         ok: bool,
         detail: String,
     },
+    /// FLP -> a resuming ICN: the STFs it holds (oldest first, in frames of at most
+    /// `HELD_BATCH`), each with the EPN it was last queued for.
+    StfsHeld(Vec<HeldStf>),
+    /// EPN -> a resuming ICN: the TFs it is building, and the reports it sent that the
+    /// ICN has not released yet (they may have died with the failed ICN).
+    TfsHeld {
+        building: Vec<u64>,
+        reports: Vec<TfReport>,
+    },
 }
+
+/// One STF an FLP holds, as it tells a resuming ICN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldStf {
+    pub tf_id: u64,
+    pub size: u64,
+    /// The EPN it was last queued for (None: not sent yet).
+    pub epn: Option<u32>,
+}
+
+/// Entries in one `StfsHeld` or `TfsHeld` frame at most (well inside a control frame).
+pub const HELD_BATCH: usize = 2048;
 
 impl Message {
     pub fn msg_type(&self) -> MsgType {
@@ -523,6 +550,8 @@ impl Message {
             Message::RunState { .. } => MsgType::RunState,
             Message::StfAnnounce(_) => MsgType::StfAnnounce,
             Message::SourceEnded { .. } => MsgType::SourceEnded,
+            Message::StfsHeld(_) => MsgType::StfsHeld,
+            Message::TfsHeld { .. } => MsgType::TfsHeld,
         }
     }
 
@@ -538,9 +567,14 @@ impl Message {
                 w.string(&r.data_addr);
                 w.bytes(&r.proof);
             }
-            Message::RegisterAck { node_id, run_id } => {
+            Message::RegisterAck {
+                node_id,
+                run_id,
+                resume,
+            } => {
                 w.u32(*node_id);
                 w.u64(*run_id);
+                w.u8(u8::from(*resume));
             }
             Message::Reject { code, reason } => {
                 w.u8(*code as u8);
@@ -592,13 +626,7 @@ impl Message {
                 w.buf.extend_from_slice(&h);
                 w.buf.extend_from_slice(payload);
             }
-            Message::TfReport(t) => {
-                w.u64(t.tf_id);
-                w.u8(t.status as u8);
-                w.u8(t.reason as u8);
-                w.u32(t.stfs);
-                w.u64(t.bytes);
-            }
+            Message::TfReport(t) => w.report(t),
             Message::StfDropped {
                 tf_id,
                 flp_id,
@@ -659,6 +687,21 @@ impl Message {
                 w.u8(u8::from(*ok));
                 w.string(detail);
             }
+            Message::StfsHeld(list) => {
+                w.u32(list.len() as u32);
+                for h in list {
+                    w.u64(h.tf_id);
+                    w.u64(h.size);
+                    w.u8(u8::from(h.epn.is_some()));
+                    w.u32(h.epn.unwrap_or(0));
+                }
+            }
+            Message::TfsHeld { building, reports } => {
+                w.u32(building.len() as u32);
+                building.iter().for_each(|&tf| w.u64(tf));
+                w.u32(reports.len() as u32);
+                reports.iter().for_each(|t| w.report(t));
+            }
         }
         let body_len = (w.buf.len() - HEADER_LEN) as u32;
         let header = FrameHeader {
@@ -705,6 +748,7 @@ impl Message {
             2 => Message::RegisterAck {
                 node_id: r.u32("register_ack.node_id")?,
                 run_id: r.u64("register_ack.run_id")?,
+                resume: r.flag("register_ack.resume")?,
             },
             3 => Message::Reject {
                 code: RejectCode::from_u8(r.u8("reject.code")?),
@@ -777,13 +821,7 @@ impl Message {
                     payload: Bytes::copy_from_slice(payload),
                 }
             }
-            10 => Message::TfReport(TfReport {
-                tf_id: r.u64("tf_report.tf_id")?,
-                status: TfStatus::from_u8(r.u8("tf_report.status")?)?,
-                reason: Reason::from_u8(r.u8("tf_report.reason")?)?,
-                stfs: r.u32("tf_report.stfs")?,
-                bytes: r.u64("tf_report.bytes")?,
-            }),
+            10 => Message::TfReport(read_report(&mut r)?),
             11 => Message::StfDropped {
                 tf_id: r.u64("stf_dropped.tf_id")?,
                 flp_id: r.u32("stf_dropped.flp_id")?,
@@ -844,6 +882,21 @@ impl Message {
                 ok: r.flag("source_ended.ok")?,
                 detail: r.string("source_ended.detail")?,
             },
+            24 => Message::StfsHeld(r.list("stfs_held.count", 21, |r| {
+                let tf_id = r.u64("stfs_held.tf_id")?;
+                let size = r.u64("stfs_held.size")?;
+                let queued = r.flag("stfs_held.queued")?;
+                let epn = r.u32("stfs_held.epn")?;
+                Ok(HeldStf {
+                    tf_id,
+                    size,
+                    epn: queued.then_some(epn),
+                })
+            })?),
+            25 => Message::TfsHeld {
+                building: r.list("tfs_held.building", 8, |r| r.u64("tfs_held.tf_id"))?,
+                reports: r.list("tfs_held.reports", 22, read_report)?,
+            },
             t => return Err(DecodeError::UnknownType(t)),
         };
         r.finish("message body")?;
@@ -864,5 +917,26 @@ impl Message {
         }
         let msg = Message::decode(header, &bytes[HEADER_LEN..total])?;
         Ok((msg, total))
+    }
+}
+
+/// A `TfReport` body (also inside `TfsHeld`).
+fn read_report(r: &mut Reader) -> Result<TfReport, DecodeError> {
+    Ok(TfReport {
+        tf_id: r.u64("tf_report.tf_id")?,
+        status: TfStatus::from_u8(r.u8("tf_report.status")?)?,
+        reason: Reason::from_u8(r.u8("tf_report.reason")?)?,
+        stfs: r.u32("tf_report.stfs")?,
+        bytes: r.u64("tf_report.bytes")?,
+    })
+}
+
+impl Writer {
+    fn report(&mut self, t: &TfReport) {
+        self.u64(t.tf_id);
+        self.u8(t.status as u8);
+        self.u8(t.reason as u8);
+        self.u32(t.stfs);
+        self.u64(t.bytes);
     }
 }

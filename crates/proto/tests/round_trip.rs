@@ -30,6 +30,7 @@ fn samples() -> Vec<Message> {
         Message::RegisterAck {
             node_id: 4,
             run_id: 99,
+            resume: true,
         },
         Message::Reject {
             code: RejectCode::UnknownId,
@@ -140,6 +141,22 @@ fn samples() -> Vec<Message> {
         Message::SourceEnded {
             ok: false,
             detail: "FLP 1: source exec:x: STF frame 3: bad magic".into(),
+        },
+        Message::StfsHeld(vec![
+            fanin_proto::HeldStf {
+                tf_id: 70,
+                size: 1 << 16,
+                epn: Some(3),
+            },
+            fanin_proto::HeldStf {
+                tf_id: 71,
+                size: 0,
+                epn: None,
+            },
+        ]),
+        Message::TfsHeld {
+            building: vec![5, 9],
+            reports: vec![fanin_proto::TfReport::complete(4, 2, 1 << 17)],
         },
     ]
 }

@@ -106,8 +106,21 @@ pub fn start_icn(dir: &Path, toml: &str, control: &str) -> Icn {
 /// `start_icn` with extra arguments (e.g. a registry). Returns once the ICN printed its
 /// address (a standby: once it was elected).
 pub fn start_icn_with(dir: &Path, toml: &str, control: &str, extra: &[&str]) -> Icn {
+    start_icn_in(dir, &dir.join("results"), "icn.log", toml, control, extra)
+}
+
+/// `start_icn_with` into a given results directory, logging to `dir/log` (ICNs that
+/// take one run over from each other share the results directory).
+pub fn start_icn_in(
+    dir: &Path,
+    results: &Path,
+    log: &str,
+    toml: &str,
+    control: &str,
+    extra: &[&str],
+) -> Icn {
     let cfg = write_config(dir, toml);
-    let results = dir.join("results");
+    let results = results.to_path_buf();
     let mut proc = Proc::spawn(
         "ICN",
         fanin()
@@ -125,7 +138,7 @@ pub fn start_icn_with(dir: &Path, toml: &str, control: &str, extra: &[&str]) -> 
             .arg(&results)
             .args(extra)
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("icn.log")).unwrap()),
+            .stderr(std::fs::File::create(dir.join(log)).unwrap()),
     );
     let out = proc.child.stdout.take().unwrap();
     let mut lines = BufReader::new(out).lines();

@@ -74,8 +74,8 @@ async fn signal_kill(child: &mut Child) {
     let _ = child.kill().await;
 }
 
-/// The run's summary and fault results. After a take-over the standby's run is the run;
-/// the failed ICN's ended TFs are in its own `tfs.csv`, and an event line says so.
+/// The run's summary and fault results. After a take-over the standby went on with the
+/// same run, and wrote its one summary; an event line times the take-over.
 pub(super) fn summary(
     dir: &Path,
     status: ExitStatus,
@@ -83,11 +83,7 @@ pub(super) fn summary(
     takeover: Takeover,
 ) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
     let took_over = takeover.elected_unix_us.is_some();
-    let summary_dir = if took_over {
-        dir.join("standby")
-    } else {
-        dir.to_path_buf()
-    };
+    let summary_dir = dir.to_path_buf();
     let summary_path = summary_dir.join("summary.json");
     if !summary_path.exists() {
         bail!(
@@ -97,13 +93,13 @@ pub(super) fn summary(
     }
     let mut s: Summary = serde_json::from_str(&std::fs::read_to_string(&summary_path)?)
         .with_context(|| format!("reading {}", summary_path.display()))?;
-    // One clock: the first run's start (after a take-over, the standby's times shift).
+    // One clock: the run's start (a take-over keeps it).
     let origin = takeover
         .first_started_unix_us
         .unwrap_or(s.run_start_unix_us);
     let mut results = faults::results(injected, &s, &summary_dir, origin);
     if took_over {
-        let line = takeover_event(dir, injected, takeover, &mut results);
+        let line = takeover_event(injected, takeover, &mut results);
         s.events.push(line);
     }
     Ok((s, results))
@@ -112,7 +108,6 @@ pub(super) fn summary(
 /// Times the ICN fault from the kill to the standby's election and run start, and says
 /// what the failed ICN had ended.
 fn takeover_event(
-    dir: &Path,
     injected: &[Injected],
     takeover: Takeover,
     results: &mut [FaultResult],
@@ -133,17 +128,10 @@ fn takeover_event(
         // Its TFs are in the event line: they are the failed ICN's, not the outage's.
         r.outage_tfs.clear();
     }
-    let before = fanin_node::icn::summary::TfCsv::status_counts(dir);
-    let ended: u64 = before.values().sum();
     let ms = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or("?".into());
     format!(
-        "the ICN was killed; the standby was elected {} ms later and its run started {} ms after the kill; the failed ICN had ended {ended} TFs ({}) - its TFs still in flight died with its ledger",
+        "the ICN was killed; the standby was elected {} ms later and went on with the run {} ms after the kill (same run, same TF ids)",
         ms(detect_ms),
-        ms(rejoin_ms),
-        before
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        ms(rejoin_ms)
     )
 }

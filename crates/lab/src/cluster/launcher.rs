@@ -214,13 +214,12 @@ impl<'a> Launcher<'a> {
         }
     }
 
-    /// An ICN fault needs a standby ICN: the same run, waiting in the registry for the
-    /// leader's session to end; it reports its address only once elected.
+    /// An ICN fault needs a standby ICN: the same run and results directory, waiting in
+    /// the registry for the leader's session to end; elected, it takes the run over (and
+    /// reports its address only then).
     pub fn start_standby(&self) -> anyhow::Result<Standby> {
-        let dir = self.dir.join("standby");
-        std::fs::create_dir_all(&dir)?;
         let mut child = self
-            .icn_command(&dir, "icn-standby.log")?
+            .icn_command(&self.dir, "icn-standby.log")?
             .arg("--standby")
             .args(["--run-id", &(clock_run_id() + 1).to_string()])
             .spawn()
@@ -340,8 +339,7 @@ impl<'a> Launcher<'a> {
         let mut argv: Vec<String> = vec!["icn".into(), "--standby".into()];
         argv.extend(["--control".into(), self.icn_control.clone()]);
         argv.extend(["--config".into(), self.cfg_path.display().to_string()]);
-        let results = self.dir.join("icn-restarted");
-        argv.extend(["--results-dir".into(), results.display().to_string()]);
+        argv.extend(["--results-dir".into(), self.dir.display().to_string()]);
         argv.extend(self.registry_args.iter().cloned());
         let ns = self.net.map(|n| n.spec.host_ns(self.icn_host));
         let spawn = respawner(

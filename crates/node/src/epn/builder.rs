@@ -188,6 +188,11 @@ impl<P> Builder<P> {
         self.slots.len()
     }
 
+    /// The TFs in building, in no particular order.
+    pub fn building_ids(&self) -> impl Iterator<Item = TfId> + '_ {
+        self.slots.keys().copied()
+    }
+
     /// The slot of `tf`, created if there is room. Without room the TF is closed as
     /// dropped (`epn_slot_limit`), reported now if it is ours, else when assigned.
     fn slot(&mut self, tf: TfId, assigned: bool, out: &mut Vec<Out<P>>) -> Option<&mut Slot<P>> {

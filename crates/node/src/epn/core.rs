@@ -5,7 +5,7 @@
 //! sinks' verdicts in, and carries the actions out: frames to the ICN, built TFs to the
 //! sinks, buffers back to the pool, the goat's death.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use fanin_proto::{Message, Reason, TfReport, TfStatus};
@@ -17,6 +17,9 @@ use crate::metrics::Metrics;
 
 /// Ticks (20 ms) between two load reports to the ICN: 100 ms.
 pub const LOAD_REPORT_TICKS: u64 = 5;
+
+/// Reports kept until the ICN releases them, at most (the oldest go first, counted).
+const MAX_UNRELEASED: usize = 1 << 16;
 
 /// What happens to the EPN during a run.
 #[derive(Debug)]
@@ -97,6 +100,9 @@ pub struct EpnCore<P> {
     abandoned: std::collections::HashSet<TfId>,
     /// RunStop came: `Stopped` once the sinks returned every TF.
     stopping: bool,
+    /// Reports sent and not yet released by the ICN: an ICN that takes over a failed
+    /// one learns them again (they may have died with it).
+    unreleased: BTreeMap<TfId, TfReport>,
 }
 
 impl<P> EpnCore<P> {
@@ -115,7 +121,19 @@ impl<P> EpnCore<P> {
             at_sinks: HashMap::new(),
             abandoned: Default::default(),
             stopping: false,
+            unreleased: BTreeMap::new(),
         }
+    }
+
+    /// What this EPN holds, for an ICN taking over the run: the TFs it is building
+    /// (or handing on), and its reports the ICN has not released.
+    pub fn held(&self) -> (Vec<TfId>, Vec<TfReport>) {
+        let mut building: Vec<TfId> = self.builder.building_ids().collect();
+        building.extend(self.at_sinks.keys().copied());
+        building.extend(self.order.iter().flat_map(|o| o.held_ids()));
+        building.sort_unstable();
+        building.dedup();
+        (building, self.unreleased.values().cloned().collect())
     }
 
     /// Complete TFs go to sinks (the builder must hand them off).
@@ -275,6 +293,9 @@ impl<P> EpnCore<P> {
                 }
             }
             Message::RunStart { run_id, .. } => tracing::info!("EPN {me}: run {run_id} started"),
+            Message::Release { tf_id } => {
+                self.unreleased.remove(&tf_id);
+            }
             Message::RunState { state, run_number } => {
                 self.metrics.set_run_state(state, run_number)
             }
@@ -332,6 +353,11 @@ impl<P> EpnCore<P> {
                 self.out.push_back(Action::Die { complete });
             }
         }
+        if self.unreleased.len() >= MAX_UNRELEASED {
+            self.unreleased.pop_first();
+            self.metrics.error("report_not_kept");
+        }
+        self.unreleased.insert(r.tf_id, r.clone());
         self.out.push_back(Action::Control(Message::TfReport(r)));
     }
 }

@@ -74,14 +74,27 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
     )
     .await?;
     let id = std::cell::Cell::new(opts.id);
-    let (o, m, r, idr) = (&opts, &metrics, reg.as_ref(), &id);
+    let kept = std::cell::RefCell::new(None);
+    let (o, m, r, idr, k) = (&opts, &metrics, reg.as_ref(), &id, &kept);
     incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
-        move |rejoining| run_once(o, m, idr, r, rejoining),
+        move |rejoining| run_once(o, m, idr, r, k, rejoining),
     )
     .await
+}
+
+/// What an EPN keeps when it loses its ICN mid-run with a registry: its data port,
+/// its FLPs' connections and its builder go on with an ICN that takes the run over.
+struct KeptRun {
+    run_id: u64,
+    listener: Arc<TcpListener>,
+    _acceptor: AbortOnDrop<()>,
+    build_task: AbortOnDrop<anyhow::Result<()>>,
+    b_tx: mpsc::Sender<BuildEvent>,
+    /// The build task's way to the ICN (a new control connection replaces it).
+    ctl: tokio::sync::watch::Sender<mpsc::Sender<Message>>,
 }
 
 async fn run_once(
@@ -89,20 +102,37 @@ async fn run_once(
     metrics: &Arc<Metrics>,
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
+    kept: &std::cell::RefCell<Option<KeptRun>>,
     rejoining: bool,
 ) -> Result<(), NodeError> {
     let metrics = metrics.clone();
-    let listener = bind_data(opts.data_bind, rejoining).await?;
+    let kept_run = kept.borrow().as_ref().map(|k| k.run_id);
+    if crate::join::ended_meanwhile(reg, kept_run, Role::Epn, id.get()).await {
+        kept.borrow_mut().take();
+        return Ok(());
+    }
+    // A kept run keeps its data port; it is taken only once the ICN answered.
+    let kept_port = kept.borrow().as_ref().map(|k| k.listener.clone());
+    let listener = match kept_port {
+        Some(l) => l,
+        None => Arc::new(bind_data(opts.data_bind, rejoining).await?),
+    };
     let (icn, joined) = join_epn(opts, id, reg, listener.local_addr()?).await?;
-    let me = joined.me;
-
-    let ctl_tx = joined.ctl.clone();
+    // Not the run it was in: the kept one ends at once (its acceptor stops before any
+    // FLP of the new run can connect: they learn of this EPN only after this answer).
+    let taken = kept.borrow_mut().take();
+    let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
+    let leader = crate::flp::follow_leader(reg).await;
     let mut joined = joined;
+    if let Some(k) = taken {
+        return resume(k, joined, icn, leader, &metrics, reg, kept).await;
+    }
+    let me = joined.me;
+    let ctl_tx = joined.ctl.clone();
     let Some(prep) = prerun(&mut joined.rd, me, icn, &metrics).await? else {
         // Run control ended this run before it started: the next one, or exit.
         return Ok(joined.leave(Role::Epn, &metrics).await?);
     };
-    let rd = &mut joined.rd;
     let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
         .with_context(|| format!("EPN {me}: run parameters from ICN {icn}"))?;
     let budget = Arc::new(ByteBudget::new(opts.build_buffer));
@@ -122,17 +152,18 @@ async fn run_once(
         secret: opts.secret.clone(),
         admission: crate::admission::Admission::new(prep.flps as usize),
     });
-    let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener, ctx)));
+    let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener.clone(), ctx)));
     let (core, sinks) = build_core(opts, me, &prep, &b_tx, &metrics)?;
+    let (ctl_watch, ctl) = tokio::sync::watch::channel(ctl_tx.clone());
     let shell = BuildShell {
         core,
         sinks,
-        ctl: ctl_tx.clone(),
+        ctl,
         budget,
         pool,
         metrics: metrics.clone(),
     };
-    let mut build_task = AbortOnDrop(tokio::spawn(shell.run(b_rx)));
+    let build_task = AbortOnDrop(tokio::spawn(shell.run(b_rx)));
     let ready = Message::Ready {
         role: Role::Epn,
         node_id: me,
@@ -140,13 +171,114 @@ async fn run_once(
     };
     ctl_tx.send(ready).await?;
     drop(ctl_tx);
-    let ended = follow_icn(rd, &b_tx, &mut build_task, me).await;
-    drop(acceptor);
+    let k = KeptRun {
+        run_id: prep.run_id,
+        listener,
+        _acceptor: acceptor,
+        build_task,
+        b_tx,
+        ctl: ctl_watch,
+    };
+    follow(k, joined, icn, leader, &metrics, reg, kept).await
+}
+
+/// Follows the ICN until the run ends for this EPN. Losing the ICN with a registry,
+/// the run is kept for an ICN that takes it over.
+async fn follow(
+    mut k: KeptRun,
+    mut joined: crate::join::Joined,
+    icn: SocketAddr,
+    mut leader: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    metrics: &Arc<Metrics>,
+    reg: Option<&ZkRegistry>,
+    kept: &std::cell::RefCell<Option<KeptRun>>,
+) -> Result<(), NodeError> {
+    let me = joined.me;
+    let ended = follow_icn(
+        &mut joined.rd,
+        &k.b_tx,
+        &mut k.build_task,
+        me,
+        &mut leader,
+        icn,
+    )
+    .await;
     match ended {
-        Ended::Stopped => Ok(joined.leave(Role::Epn, &metrics).await?),
+        Ended::Stopped => {
+            // Its hold on the control connection goes first: leaving closes it.
+            drop(k);
+            Ok(joined.leave(Role::Epn, metrics).await?)
+        }
         Ended::SinkFailed(e) => Err(NodeError::Fatal(e)),
-        Ended::LostIcn(e) => Err(lost_icn(Role::Epn, me, icn, e, &metrics)),
+        Ended::LostIcn(e) => {
+            let err = lost_icn(Role::Epn, me, icn, e, metrics);
+            if reg.is_some() {
+                *kept.borrow_mut() = Some(k);
+            }
+            Err(err)
+        }
+        Ended::NotLeader(other) => {
+            if reg.is_some() {
+                *kept.borrow_mut() = Some(k);
+            }
+            Err(NodeError::LostIcn(format!(
+                "EPN {me}: ICN {icn} no longer leads (the registry names {other})"
+            )))
+        }
     }
+}
+
+/// Resumes a kept run with the ICN that took it over: tells what it builds and the
+/// reports not released, takes the run parameters, and is ready.
+async fn resume(
+    k: KeptRun,
+    mut joined: crate::join::Joined,
+    icn: SocketAddr,
+    leader: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    metrics: &Arc<Metrics>,
+    reg: Option<&ZkRegistry>,
+    kept: &std::cell::RefCell<Option<KeptRun>>,
+) -> Result<(), NodeError> {
+    let me = joined.me;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let asked = k.b_tx.send(BuildEvent::Held(tx)).await.is_ok();
+    let Some((building, reports)) = (if asked { rx.await.ok() } else { None }) else {
+        return Err(NodeError::Fatal(anyhow::anyhow!(
+            "EPN {me}: the build task ended while the ICN was away"
+        )));
+    };
+    tracing::info!(
+        "EPN {me}: ICN {icn} took run {} over; {} TFs building, {} reports not released",
+        k.run_id,
+        building.len(),
+        reports.len()
+    );
+    let batch = fanin_proto::HELD_BATCH;
+    let chunks = building.len().max(reports.len()).div_ceil(batch).max(1);
+    for i in 0..chunks {
+        let msg = Message::TfsHeld {
+            building: part(&building, i, batch),
+            reports: part(&reports, i, batch),
+        };
+        joined.ctl.send(msg).await?;
+    }
+    if prerun(&mut joined.rd, me, icn, metrics).await?.is_none() {
+        drop(k);
+        return Ok(joined.leave(Role::Epn, metrics).await?);
+    }
+    let _ = k.ctl.send(joined.ctl.clone());
+    let ready = Message::Ready {
+        role: Role::Epn,
+        node_id: me,
+        connected: 0,
+    };
+    joined.ctl.send(ready).await?;
+    follow(k, joined, icn, leader, metrics, reg, kept).await
+}
+
+/// The `i`-th part of `v` in parts of `n` (empty past its end).
+fn part<T: Clone>(v: &[T], i: usize, n: usize) -> Vec<T> {
+    v.iter().skip(i * n).take(n).cloned().collect()
 }
 
 /// Joins the run, announcing the data address FLPs reach `local` by.
@@ -216,6 +348,8 @@ enum Ended {
     SinkFailed(anyhow::Error),
     /// The control connection ended (with the error, if any).
     LostIcn(Option<crate::conn::ConnError>),
+    /// The registry names another ICN as the leader (this one may be frozen).
+    NotLeader(String),
 }
 
 /// Forwards the ICN's frames to the build task until the run ends.
@@ -224,10 +358,13 @@ async fn follow_icn(
     b_tx: &mpsc::Sender<BuildEvent>,
     build_task: &mut AbortOnDrop<anyhow::Result<()>>,
     me: u32,
+    leader: &mut Option<tokio::sync::watch::Receiver<Option<String>>>,
+    icn: SocketAddr,
 ) -> Ended {
     loop {
         let frame = tokio::select! {
             f = read_frame(rd, MAX_CONTROL_BODY) => f,
+            other = crate::flp::leader_moved(leader.as_mut(), icn) => return Ended::NotLeader(other),
             // The build task ends early only when a sink cannot go on.
             r = &mut build_task.0 => return Ended::SinkFailed(match r {
                 Ok(Err(e)) => e,
@@ -296,7 +433,8 @@ async fn bind_data(addr: SocketAddr, rejoining: bool) -> anyhow::Result<TcpListe
 struct BuildShell {
     core: EpnCore<Vec<u8>>,
     sinks: Option<Sinks>,
-    ctl: mpsc::Sender<Message>,
+    /// The current control connection (replaced when an ICN takes the run over).
+    ctl: tokio::sync::watch::Receiver<mpsc::Sender<Message>>,
     budget: Arc<ByteBudget>,
     pool: Arc<BufPool>,
     metrics: Arc<Metrics>,
@@ -330,6 +468,10 @@ impl BuildShell {
                         Input::Delivered { tf, outcome, stfs }
                     }
                     Some(BuildEvent::SinkFatal(msg)) => anyhow::bail!("EPN sink: {msg}"),
+                    Some(BuildEvent::Held(tx)) => {
+                        let _ = tx.send(self.core.held());
+                        continue;
+                    }
                     None => return Ok(()),
                 },
                 _ = tick.tick() => {
@@ -352,12 +494,14 @@ impl BuildShell {
         while let Some(action) = self.core.poll_action() {
             match action {
                 Action::Control(m) => {
-                    if self.ctl.send(m).await.is_err() {
+                    let ctl = self.ctl.borrow().clone();
+                    if ctl.send(m).await.is_err() {
                         tracing::warn!("EPN: control connection gone; report not sent");
                     }
                 }
                 Action::ControlLossy(m) => {
-                    let _ = self.ctl.try_send(m); // a full control queue skips one report
+                    let ctl = self.ctl.borrow().clone();
+                    let _ = ctl.try_send(m); // a full control queue skips one report
                 }
                 Action::Free(buf) => {
                     self.budget.release(buf.len() as u64);

@@ -57,6 +57,11 @@ impl<P> Order<P> {
         self.held.remove(&tf)
     }
 
+    /// The TFs built and waiting for their turn.
+    pub fn held_ids(&self) -> impl Iterator<Item = TfId> + '_ {
+        self.held.keys().copied()
+    }
+
     pub fn held(&self) -> usize {
         self.held.len()
     }

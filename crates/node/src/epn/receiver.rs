@@ -41,6 +41,8 @@ pub enum BuildEvent {
     },
     /// A sink cannot go on: the EPN leaves the run.
     SinkFatal(String),
+    /// An ICN took the run over: what the EPN holds (TFs building, unreleased reports).
+    Held(tokio::sync::oneshot::Sender<(Vec<TfId>, Vec<fanin_proto::TfReport>)>),
 }
 
 /// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay
@@ -101,7 +103,7 @@ pub struct DataCtx {
     pub admission: Arc<Admission>,
 }
 
-pub async fn accept_loop(listener: TcpListener, ctx: Arc<DataCtx>) {
+pub async fn accept_loop(listener: Arc<TcpListener>, ctx: Arc<DataCtx>) {
     // One connection per FLP once proven; the proving ones share the admission pool.
     let members = Arc::new(tokio::sync::Semaphore::new(ctx.flps as usize * 2 + 4));
     loop {

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use fanin_proto::{EpnEntry, Message, Reason, StfInfo};
+use fanin_proto::{EpnEntry, HeldStf, Message, Reason, StfInfo};
 use fanin_sched::{EpnId, StfSize, TfId};
 
 use crate::budget::ByteBudget;
@@ -75,8 +75,9 @@ pub enum Action {
 #[derive(Debug, Clone, Copy)]
 struct Kept {
     len: u64,
-    /// The queue (an EPN's connection) it was last queued on, if any.
+    /// The queue (an EPN's connection) it was last queued on, if any, and its EPN.
     queue: Option<u64>,
+    epn: Option<EpnId>,
     /// Sends of it in progress.
     sending: u32,
     /// The ICN released its TF: freed once no send uses it.
@@ -247,6 +248,34 @@ impl FlpCore {
         self.out.pop_front()
     }
 
+    /// What this FLP holds, for an ICN taking over the run: every STF kept (released
+    /// ones whose send still runs left out), oldest first, with the EPN it went to.
+    pub fn held(&self) -> Vec<HeldStf> {
+        let mut held: Vec<HeldStf> = self
+            .kept
+            .iter()
+            .filter(|(_, k)| !k.released)
+            .map(|(&tf_id, k)| HeldStf {
+                tf_id,
+                size: k.len,
+                epn: k.epn,
+            })
+            .collect();
+        held.sort_unstable_by_key(|h| h.tf_id);
+        held
+    }
+
+    /// Is the data connection to `epn` up (a queue whose writes did not fail)?
+    pub fn reaches(&self, epn: EpnId) -> bool {
+        self.queues.get(&epn).is_some_and(|q| !q.failed)
+    }
+
+    /// A new data connection to `epn` (an ICN that took over listed it, and the old one
+    /// had failed or never was): it gets a queue of its own.
+    pub fn connected_anew(&mut self, epn: EpnId) {
+        self.open_queue(epn);
+    }
+
     /// Bytes in the send buffer.
     pub fn buffered(&self) -> u64 {
         self.budget.used()
@@ -413,6 +442,7 @@ impl FlpCore {
         let queue = q.id;
         if let Some(k) = self.kept.get_mut(&tf) {
             k.queue = Some(queue);
+            k.epn = Some(epn);
             k.sending += 1;
         }
         self.out.push_back(Action::Queue(StfJob {
@@ -476,6 +506,7 @@ impl Kept {
         Kept {
             len,
             queue,
+            epn: None,
             sending: 0,
             released: false,
         }

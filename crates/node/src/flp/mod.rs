@@ -75,14 +75,23 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     )
     .await?;
     let id = std::cell::Cell::new(opts.id);
-    let (o, m, r, idr) = (&opts, &metrics, reg.as_ref(), &id);
+    let kept = std::cell::RefCell::new(None);
+    let (o, m, r, idr, k) = (&opts, &metrics, reg.as_ref(), &id, &kept);
     incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
-        move |_rejoining| run_once(o, m, idr, r),
+        move |_rejoining| run_once(o, m, idr, r, k),
     )
     .await
+}
+
+/// What an FLP keeps when it loses its ICN mid-run with a registry: its run (STFs,
+/// data connections, source) goes on with an ICN that takes the run over.
+struct KeptRun {
+    run_id: u64,
+    shell: Shell,
+    done: mpsc::Receiver<(StfJob, bool)>,
 }
 
 async fn run_once(
@@ -90,12 +99,126 @@ async fn run_once(
     metrics: &Arc<Metrics>,
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
+    kept: &std::cell::RefCell<Option<KeptRun>>,
 ) -> Result<(), NodeError> {
+    let kept_run = kept.borrow().as_ref().map(|k| k.run_id);
+    if crate::join::ended_meanwhile(reg, kept_run, Role::Flp, id.get()).await {
+        kept.borrow_mut().take();
+        return Ok(());
+    }
     let (icn, mut joined) = join_run(&opts.join_spec(reg), id, |_| Ok(String::new())).await?;
-    let me = joined.me;
-    let Some((prep, list)) = prerun(&mut joined, me, icn, metrics).await? else {
-        // Run control ended this run before it started: the next one, or exit.
+    // The run it kept goes on only with an ICN that took that run over.
+    let taken = kept.borrow_mut().take();
+    let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
+    let leader = follow_leader(reg).await;
+    let started = match taken {
+        Some(k) => resume(k, &mut joined, icn, metrics).await?,
+        None => start(opts, &mut joined, icn, metrics).await?,
+    };
+    let Some((mut shell, mut done)) = started else {
         return Ok(joined.leave(Role::Flp, metrics).await?);
+    };
+    let run_id = shell.ctx.run_id;
+    let result = shell.run(joined, &mut done, icn, leader, metrics).await;
+    if matches!(result, Err(NodeError::LostIcn(_))) && reg.is_some() {
+        *kept.borrow_mut() = Some(KeptRun {
+            run_id,
+            shell,
+            done,
+        });
+    }
+    result
+}
+
+/// The leader znode to follow, with a registry: an ICN that no longer leads is left.
+pub(crate) async fn follow_leader(
+    reg: Option<&ZkRegistry>,
+) -> Option<tokio::sync::watch::Receiver<Option<String>>> {
+    let r = reg?;
+    match r.watch_leader(crate::registry::runtime::RUN).await {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            tracing::warn!("registry: cannot watch the leader: {e}");
+            None
+        }
+    }
+}
+
+/// Resolves when the leader znode names another ICN than `icn` (never without one).
+pub(crate) async fn leader_moved(
+    leader: Option<&mut tokio::sync::watch::Receiver<Option<String>>>,
+    icn: SocketAddr,
+) -> String {
+    let Some(rx) = leader else {
+        return std::future::pending().await;
+    };
+    let me = icn.to_string();
+    loop {
+        if let Some(other) = rx.borrow_and_update().clone().filter(|a| *a != me) {
+            return other;
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// Resumes a kept run with the ICN that took it over: tells what it holds, takes the
+/// run parameters and EPN list, connects to the EPNs it does not reach, and is ready.
+async fn resume(
+    mut k: KeptRun,
+    joined: &mut Joined,
+    icn: SocketAddr,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<(Shell, mpsc::Receiver<(StfJob, bool)>)>, NodeError> {
+    let me = joined.me;
+    // The source waits for the new ICN's RunStart (it would drop announcements before).
+    k.shell.source_live = false;
+    let held = k.shell.core.held();
+    tracing::info!(
+        "FLP {me}: ICN {icn} took run {} over; it holds {} STFs",
+        k.run_id,
+        held.len()
+    );
+    for chunk in held.chunks(fanin_proto::HELD_BATCH) {
+        joined.ctl.send(Message::StfsHeld(chunk.to_vec())).await?;
+    }
+    let Some((_, list)) = prerun(joined, me, icn, metrics).await? else {
+        return Ok(None);
+    };
+    let unreached: Vec<&EpnEntry> = list
+        .iter()
+        .filter(|e| !k.shell.core.reaches(e.epn_id))
+        .collect();
+    for e in unreached {
+        let stream =
+            k.shell.connect(e).await.map_err(|err| {
+                NodeError::LostIcn(format!("FLP {me}: after the take-over: {err:#}"))
+            })?;
+        k.shell.start_sender(e.epn_id, stream);
+        k.shell.core.connected_anew(e.epn_id);
+    }
+    let ready = Message::Ready {
+        role: Role::Flp,
+        node_id: me,
+        connected: list.len() as u32,
+    };
+    joined.ctl.send(ready).await?;
+    Ok(Some((k.shell, k.done)))
+}
+
+/// A new run: the parameters and EPN list, the source, a data connection to every EPN
+/// (each confirmed by a handshake), and Ready. None: run control ended it first.
+async fn start(
+    opts: &FlpOptions,
+    joined: &mut Joined,
+    icn: SocketAddr,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<(Shell, mpsc::Receiver<(StfJob, bool)>)>, NodeError> {
+    let me = joined.me;
+    let Some((prep, list)) = prerun(joined, me, icn, metrics).await? else {
+        // Run control ended this run before it started: the next one, or exit.
+        return Ok(None);
     };
     let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
         .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;
@@ -124,7 +247,11 @@ async fn run_once(
     for e in &list {
         let stream = shell.connect(e).await.map_err(|err| {
             match err.downcast_ref::<sender::EpnRefused>() {
-                // A wrong secret or run, an unknown id: trying again cannot help.
+                // An EPN still leaving the run before: it joins this one soon.
+                Some(r) if r.code == fanin_proto::RejectCode::WrongRun => {
+                    NodeError::LostIcn(format!("FLP {me}: {err:#}"))
+                }
+                // A wrong secret, an unknown id: trying again cannot help.
                 Some(r) if !r.code.transient() => NodeError::Fatal(err),
                 // The EPN may be frozen or dying (the ICN will see it soon), or still
                 // holding our old connection: leave, and join again.
@@ -141,7 +268,7 @@ async fn run_once(
         connected,
     };
     joined.ctl.send(ready).await?;
-    shell.run(joined, done_rx, icn, metrics).await
+    Ok(Some((shell, done_rx)))
 }
 
 /// Pre-run: the run parameters and the EPN list, in either order (None: run control
@@ -192,6 +319,10 @@ struct Shell {
     /// On-data: the source, taking STFs from RunStart until it ends ...
     source: Option<Source>,
     source_live: bool,
+    /// The source was started (a run taken over does not start it again) ...
+    source_started: bool,
+    /// ... and how it ended, if it did (told again to an ICN that takes over).
+    source_end: Option<(bool, String)>,
     /// ... unless the send buffer has no room for its next STF (until room is freed).
     held: bool,
     /// The payloads of the STFs the core holds, with their CRCs.
@@ -250,6 +381,8 @@ impl Shell {
             data_bind,
             source,
             source_live: false,
+            source_started: false,
+            source_end: None,
             held: false,
             store: HashMap::new(),
             delay: ScheduleDelay::default(),
@@ -274,10 +407,11 @@ impl Shell {
     }
 
     async fn run(
-        mut self,
+        &mut self,
         joined: Joined,
-        mut done: mpsc::Receiver<(StfJob, bool)>,
+        done: &mut mpsc::Receiver<(StfJob, bool)>,
         icn: SocketAddr,
+        mut leader: Option<tokio::sync::watch::Receiver<Option<String>>>,
         metrics: &Arc<Metrics>,
     ) -> Result<(), NodeError> {
         let me = self.ctx.me;
@@ -315,6 +449,11 @@ impl Shell {
                 Some((job, ok)) = done.recv() => Input::Sent { job, ok },
                 Some((epn, res)) = conns.recv() => self.connected(epn, res),
                 _ = heartbeat.tick() => Input::Heartbeat,
+                other = leader_moved(leader.as_mut(), icn) => {
+                    return Err(NodeError::LostIcn(format!(
+                        "FLP {me}: ICN {icn} no longer leads (the registry names {other})"
+                    )));
+                }
                 ev = next_stf(self.source.as_mut(), room), if taking => self.take_stfs(ev),
             };
             if !matches!(input, Input::Flush | Input::Heartbeat) {
@@ -325,14 +464,27 @@ impl Shell {
             }
             if let Input::Control(Message::RunStart { run_id, elapsed_us }) = &input {
                 tracing::info!("FLP {me}: run {run_id} started ({elapsed_us} µs ago)");
-                if let Some(s) = self.source.as_mut() {
-                    s.start(Duration::from_micros(*elapsed_us));
-                    self.source_live = true;
+                match (self.source.as_mut(), &self.source_end) {
+                    // A run taken over goes on: the source already runs (or ended: the
+                    // new ICN is told so again).
+                    (Some(_), _) if self.source_started => {
+                        self.source_live = self.source_end.is_none();
+                    }
+                    (Some(s), _) => {
+                        s.start(Duration::from_micros(*elapsed_us));
+                        self.source_live = true;
+                        self.source_started = true;
+                    }
+                    (None, _) => {}
+                }
+                if let Some((ok, detail)) = self.source_end.clone() {
+                    self.feed(Input::SourceEnded { ok, detail }, &ctl, &conn_tx)
+                        .await;
                 }
             }
             if self.feed(input, &ctl, &conn_tx).await {
                 tracing::info!("FLP {me}: run stopping; flushing send queues");
-                self.flush(&mut done, &ctl, &conn_tx).await;
+                self.flush(done, &ctl, &conn_tx).await;
                 self.delay.report(metrics);
                 drop(reader);
                 return Ok(leave(ctl, writer, me, Role::Flp, metrics).await?);
@@ -460,6 +612,7 @@ impl Shell {
         };
         tracing::info!("FLP {me}: source ended: {detail}");
         self.source_live = false;
+        self.source_end = Some((ok, detail.clone()));
         Some(Input::SourceEnded { ok, detail })
     }
 

@@ -114,6 +114,26 @@ impl Ledger {
         self.last_issue_us = Some(now_us);
     }
 
+    /// A TF that ended under an earlier ICN of this run (its row, with its bytes when
+    /// complete): a take-over goes on with one ledger for the whole run.
+    pub fn carried(&mut self, row: &TfRow, bytes: u64) {
+        self.issued += 1;
+        match row.status {
+            TfStatus::Complete => {
+                self.completed += 1;
+                self.completed_bytes = self.completed_bytes.saturating_add(bytes);
+                let lat = row.ended_us.saturating_sub(row.issued_us).max(1);
+                self.latency_us.saturating_record(lat);
+            }
+            TfStatus::Incomplete => *self.incomplete.entry(row.reason).or_default() += 1,
+            TfStatus::Dropped => *self.dropped.entry(row.reason).or_default() += 1,
+        }
+        let first = self.first_issue_us.get_or_insert(row.issued_us);
+        *first = (*first).min(row.issued_us);
+        self.last_issue_us = self.last_issue_us.max(Some(row.issued_us));
+        self.last_end_us = self.last_end_us.max(Some(row.ended_us));
+    }
+
     /// Records a newly issued TF that waits for an EPN (a buffer-aware policy said wait).
     pub fn issue_waiting(&mut self, tf: TfId, now_us: u64) {
         let prev = self.pending.insert(

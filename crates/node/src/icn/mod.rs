@@ -4,6 +4,7 @@
 pub mod core;
 pub mod ledger;
 mod peer;
+pub mod run_state;
 mod session;
 pub mod summary;
 
@@ -79,26 +80,43 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let acceptor = start_acceptor(&opts, listener, ev_tx, &metrics);
     let status = serve_live(&metrics);
+    // Taking a run over, its time axis goes on: the shell's clock counts from its start.
+    let takeover = lead.claim.as_mut().and_then(|c| c.takeover.take());
+    let run_id = lead.claim.as_ref().map_or(opts.run_id, |c| c.state.run_id);
+    let elapsed = takeover.as_ref().map_or(Duration::ZERO, |t| t.elapsed);
+    let origin = Instant::now()
+        .checked_sub(elapsed)
+        .unwrap_or_else(Instant::now);
+    let tfs_csv = match (&opts.results_dir, &takeover, &lead.claim) {
+        (Some(d), Some(t), Some(c)) => Some(TfCsv::resume(d, &c.state.rows, &t.rows)?),
+        (Some(d), _, _) => Some(TfCsv::create(d)?),
+        (None, _, _) => None,
+    };
     let core = IcnCore::new(
         CoreConfig {
             run: opts.run.clone(),
-            run_id: opts.run_id,
+            run_id,
             id_base: lead.id_base,
             registry_members: lead.members.as_ref().map(|m| m.borrow().clone()),
             stopwatch_ns,
             hold_start: false,
+            takeover,
         },
         metrics,
-        Duration::ZERO,
+        origin.elapsed(),
     );
-    let tfs_csv = match &opts.results_dir {
-        Some(d) => Some(TfCsv::create(d)?),
-        None => None,
-    };
     let mut shell = Shell::new(core, tfs_csv, opts.progress, status);
+    shell.origin = origin;
+    shell.run_start_unix_us = lead
+        .claim
+        .as_ref()
+        .and_then(|c| c.started_unix_us)
+        .unwrap_or(0);
+    shell.carry_out(); // what the take-over decided already (its log lines)
     let result = shell.event_loop(ev_rx, &mut lead).await;
     acceptor.abort();
     result?;
+    lead.end_run().await?;
     shell.finish(opts.results_dir.as_deref())
 }
 
@@ -164,6 +182,8 @@ struct Leadership {
     registry: Option<crate::registry::ZkRegistry>,
     control: String,
     id_base: u64,
+    /// The run this ICN leads in the registry (new, or taken over from a failed ICN).
+    claim: Option<run_state::Claim>,
 }
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -205,6 +225,7 @@ impl Leadership {
             registry: None,
             control: control.to_string(),
             id_base: 0,
+            claim: None,
         };
         let Some(r) = &opts.registry else {
             return Ok(l);
@@ -217,12 +238,24 @@ impl Leadership {
         let lead = r.elect(RUN, &control.to_string()).await?;
         tracing::info!("ICN: elected leader in registry {}", r.url());
         let block = opts.run.total_tfs.unwrap_or(ID_BLOCK);
-        l.id_base = lead.reserve_tf_ids(block).await?.start;
+        let fresh = async { Ok((opts.run_id, lead.reserve_tf_ids(block).await?.start)) };
+        let claim = run_state::claim(&lead, opts.results_dir.as_deref(), fresh).await?;
+        l.id_base = claim.state.id_base;
+        l.claim = Some(claim);
         l.members = Some(r.watch(RUN).await?);
         l.lost = Some(Box::pin(lead.lost()));
         l._lead = Some(lead);
         l.registry = Some(r);
         Ok(l)
+    }
+
+    /// The run ended: marked so in the registry (an ICN that lost the lead is fenced:
+    /// an error, and no summary).
+    async fn end_run(&mut self) -> anyhow::Result<()> {
+        match (self.claim.as_mut(), self._lead.as_ref()) {
+            (Some(c), Some(l)) => c.end(l).await,
+            _ => Ok(()),
+        }
     }
 
     /// The next registry input for the core (pending forever without a registry).
@@ -485,6 +518,9 @@ impl Shell {
                 if self.failed.contains(&conn) {
                     return None;
                 }
+                if matches!(msg, Message::Release { .. }) {
+                    self.commit_rows();
+                }
                 let c = self.conns.get(&conn)?;
                 let why = match c.tx.try_send(msg) {
                     Ok(()) => return None,
@@ -524,17 +560,28 @@ impl Shell {
                     tracing::error!("ICN: writing loads.csv: {e}");
                 }
             }
-            Action::RunStarted => {
-                self.run_start_unix_us = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_micros() as u64)
-                    .unwrap_or(0);
+            Action::RunStarted { resumed } => {
+                let now = run_state::unix_us();
+                if !resumed {
+                    self.run_start_unix_us = now;
+                    let noted = self.tfs_csv.as_ref().map(|c| c.run_started(now));
+                    if let Some(Err(e)) = noted {
+                        tracing::error!("ICN: writing the run's start: {e:#}");
+                    }
+                }
                 if self.progress {
-                    say(&format!("STARTED {}", self.run_start_unix_us));
+                    say(&format!("STARTED {now}"));
                 }
             }
         }
         None
+    }
+
+    /// A Release frees STFs: the rows written before it reach the file first.
+    fn commit_rows(&mut self) {
+        if let Some(Err(e)) = self.tfs_csv.as_mut().map(|c| c.commit()) {
+            tracing::error!("ICN: writing tfs.csv: {e}");
+        }
     }
 
     fn print_progress(&self) {

@@ -283,6 +283,7 @@ impl Session {
                 registry_members: None,
                 stopwatch_ns,
                 hold_start: true,
+                takeover: None,
             },
             self.metrics.clone(),
             Duration::ZERO,

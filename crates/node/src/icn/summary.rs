@@ -114,6 +114,18 @@ pub struct Tally {
     pub dropped: u64,
 }
 
+impl Tally {
+    /// One more row with this status.
+    pub fn count(&mut self, status: fanin_proto::TfStatus) {
+        use fanin_proto::TfStatus::*;
+        match status {
+            Complete => self.completed += 1,
+            Incomplete => self.incomplete += 1,
+            Dropped => self.dropped += 1,
+        }
+    }
+}
+
 fn sum_counter(nodes: &BTreeMap<String, BTreeMap<String, u64>>, key: &str) -> u64 {
     // Values come from peers: saturate rather than overflow.
     nodes
@@ -369,6 +381,10 @@ fn lines(p: &Path) -> impl Iterator<Item = String> {
 pub struct TfCsv {
     out: std::io::BufWriter<std::fs::File>,
     loads: std::io::BufWriter<std::fs::File>,
+    /// Rows written since the last flush (a Release waits for them: `commit`).
+    dirty: bool,
+    /// After a take-over the rows go to a file of their own, `tfs.csv` at the end.
+    file: std::path::PathBuf,
 }
 
 impl TfCsv {
@@ -381,7 +397,62 @@ impl TfCsv {
         let f = std::fs::File::create(dir.join("loads.csv"))?;
         let mut loads = std::io::BufWriter::new(f);
         writeln!(loads, "time_s,epn,free_bytes,building")?;
-        Ok(TfCsv { out, loads })
+        Ok(TfCsv {
+            out,
+            loads,
+            dirty: false,
+            file: dir.join("tfs.csv"),
+        })
+    }
+
+    /// Taking a run over: this ICN's rows go to `dir/name`, starting with every row
+    /// the failed ICNs wrote (the next take-over reads this one file); loads go on.
+    pub fn resume(dir: &Path, name: &str, rows: &[TfRow]) -> anyhow::Result<TfCsv> {
+        let file = dir.join(name);
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&file)?);
+        writeln!(out, "{}", Self::HEADER)?;
+        for r in rows {
+            writeln!(out, "{}", Self::line(r))?;
+        }
+        out.flush()?;
+        let loads = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.join("loads.csv"))?;
+        Ok(TfCsv {
+            out,
+            loads: std::io::BufWriter::new(loads),
+            dirty: false,
+            file,
+        })
+    }
+
+    /// Every row of a rows file a crashed ICN may have left: only whole lines count
+    /// (the last may be cut), and a line that is not a row is skipped.
+    pub fn read_rows(path: &Path) -> std::io::Result<Vec<TfRow>> {
+        let text = std::fs::read_to_string(path)?;
+        Ok(text
+            .split_inclusive('\n')
+            .skip(1)
+            .filter(|l| l.ends_with('\n'))
+            .filter_map(TfRow::parse)
+            .collect())
+    }
+
+    /// The run started at `unix_us`: noted beside the rows, for an ICN taking it over.
+    pub fn run_started(&self, unix_us: u64) -> anyhow::Result<()> {
+        let dir = self.file.parent().unwrap_or(Path::new("."));
+        let file = dir.join(super::run_state::RUN_START_FILE);
+        write_atomic(&file, &format!("{unix_us}\n"))
+    }
+
+    /// The rows written so far reach the file (the kernel) before a Release leaves:
+    /// a TF is never freed by its FLPs without its row (a group commit).
+    pub fn commit(&mut self) -> std::io::Result<()> {
+        if std::mem::take(&mut self.dirty) {
+            self.out.flush()?;
+        }
+        Ok(())
     }
 
     /// One `loads.csv` row: an EPN's load report at `t_us` of the run.
@@ -397,6 +468,7 @@ impl TfCsv {
     }
 
     pub fn row(&mut self, r: &TfRow) -> std::io::Result<()> {
+        self.dirty = true;
         writeln!(self.out, "{}", Self::line(r))
     }
 
@@ -421,8 +493,14 @@ impl TfCsv {
         self.loads.flush()
     }
 
+    /// The last rows out; after a take-over the rows file becomes the run's `tfs.csv`.
     pub fn finish(mut self) -> std::io::Result<()> {
-        self.flush()
+        self.flush()?;
+        let tfs = self.file.with_file_name("tfs.csv");
+        if self.file != tfs {
+            std::fs::rename(&self.file, tfs)?;
+        }
+        Ok(())
     }
 
     /// Every row of `dir/tfs.csv`, as written above, streamed; rows it cannot read are

@@ -8,6 +8,7 @@
 //! /PATH/<run>/flp/<id>   ephemeral, data = the FLP's address
 //! /PATH/<run>/icn        ephemeral, data = the leading ICN's control address
 //! /PATH/<run>/tf_hwm     persistent, data = decimal TF-id high-water mark
+//! /PATH/<run>/state      persistent, data = the run's identity (see `icn::run_state`)
 //! ```
 //!
 //! **Sessions.** A supervisor task watches the session state. The session is *lost* when it
@@ -318,6 +319,25 @@ impl ZkRegistry {
             .await
     }
 
+    /// `run`'s state znode (see `icn::run_state`), if any ICN wrote one.
+    pub async fn run_state(&self, run: &str) -> Result<Option<String>> {
+        check_run(run)?;
+        let path = self.inner.state_path(run);
+        let p = path.clone();
+        self.inner
+            .retry("get", &path, move |s| {
+                let p = p.clone();
+                async move {
+                    match s.client.get_data(&p).await {
+                        Ok((data, _)) => Ok(Some(utf8(&data))),
+                        Err(zkc::Error::NoNode) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await
+    }
+
     /// Watches `run`'s leader: the current ICN's address, `None` while there is none.
     /// Returns after the first read; the task stops when the receivers are dropped.
     pub async fn watch_leader(&self, run: &str) -> Result<watch::Receiver<Option<String>>> {
@@ -533,6 +553,53 @@ impl Leadership {
         }
     }
 
+    /// The run's state znode `/PATH/<run>/state` (its data and version), read through
+    /// the leader's own session.
+    pub async fn run_state(&self) -> Result<Option<(String, i32)>> {
+        let path = self.registry.inner.state_path(&self.run);
+        let s = self.own_session()?;
+        match s.client.get_data(&path).await {
+            Ok((data, stat)) => Ok(Some((utf8(&data), stat.version))),
+            Err(zkc::Error::NoNode) => Ok(None),
+            Err(e) => Err(self.registry.inner.zk_err("get", &path, e)),
+        }
+    }
+
+    /// Writes the run's state znode through the leader's own session: created when
+    /// `version` is None, else only over that version. So it fails once the leadership
+    /// is lost, or after another leader wrote it: a deposed ICN is fenced.
+    pub async fn set_run_state(&self, data: &str, version: Option<i32>) -> Result<i32> {
+        let inner = &self.registry.inner;
+        let path = inner.state_path(&self.run);
+        let s = self.own_session()?;
+        let Some(v) = version else {
+            let made = s.client.create(&path, data.as_bytes(), &persistent()).await;
+            let made = match made {
+                Err(zkc::Error::NoNode) => {
+                    let run_path = inner.run_path(&self.run);
+                    let _ = s.client.mkdir(&run_path, &persistent()).await;
+                    s.client.create(&path, data.as_bytes(), &persistent()).await
+                }
+                other => other,
+            };
+            return match made {
+                Ok((stat, _)) => Ok(stat.version),
+                Err(e) => Err(inner.zk_err("create", &path, e)),
+            };
+        };
+        match s.client.set_data(&path, data.as_bytes(), Some(v)).await {
+            Ok(stat) => Ok(stat.version),
+            Err(e) => Err(inner.zk_err("set", &path, e)),
+        }
+    }
+
+    fn own_session(&self) -> Result<Arc<Session>> {
+        match self.session.upgrade() {
+            Some(s) if self.is_leader() => Ok(s),
+            _ => Err(self.not_leader()),
+        }
+    }
+
     /// Gives the leadership up: deletes the leader znode if this session still holds it,
     /// so a standby takes over at once instead of after the session time-out.
     pub async fn resign(self) -> Result<()> {
@@ -559,7 +626,7 @@ impl Leadership {
 
     fn not_leader(&self) -> RegistryError {
         self.registry.inner.other(format!(
-            "{}: leadership of session {:#x} lost; not reserving TF ids",
+            "{}: leadership of session {:#x} lost (fenced)",
             self.path, self.session_id
         ))
     }
@@ -576,6 +643,10 @@ impl Inner {
 
     fn leader_path(&self, run: &str) -> String {
         format!("{}/{run}/icn", self.url.path)
+    }
+
+    fn state_path(&self, run: &str) -> String {
+        format!("{}/{run}/state", self.url.path)
     }
 
     fn hwm_path(&self, run: &str) -> String {

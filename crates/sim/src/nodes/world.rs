@@ -150,6 +150,7 @@ impl World {
             registry_members: zk.as_ref().map(|z| z.members.clone()),
             stopwatch_ns: || 0,
             hold_start: false,
+            takeover: None,
         };
         let icn = IcnCore::new(cfg, metrics, Duration::ZERO);
         let mut w = World {
@@ -317,7 +318,7 @@ impl World {
                     self.seen.log.push(format!("{s:.6} ICN: {line}"));
                 }
                 Action::TfEnded(row) => self.rows.push(row),
-                Action::EpnLoad { .. } | Action::RunStarted => {}
+                Action::EpnLoad { .. } | Action::RunStarted { .. } => {}
             }
         }
     }

@@ -104,7 +104,7 @@ impl IcnCore {
         }
     }
 
-    fn tf_bytes(&self, tf: TfId) -> u64 {
+    pub(super) fn tf_bytes(&self, tf: TfId) -> u64 {
         if self.cfg.run.on_data() {
             return self.ondata.sizes.get(&tf).copied().unwrap_or(0);
         }
@@ -113,7 +113,7 @@ impl IcnCore {
     }
 
     /// Tells the EPN, then every FLP, that `tf` is built on `epn`.
-    fn dispatch(&mut self, tf: TfId, epn: EpnId) {
+    pub(super) fn dispatch(&mut self, tf: TfId, epn: EpnId) {
         debug_assert_eq!(self.ledger.assigned(tf), Some(epn), "dispatch of TF {tf}");
         self.metrics
             .set_level("tfs_in_flight", self.ledger.pending() as u64);
@@ -189,11 +189,7 @@ impl IcnCore {
 
     /// A TF ended: count it, write its row, and let the FLPs free its STFs.
     pub(super) fn ended(&mut self, row: &TfRow) {
-        match row.status {
-            TfStatus::Complete => self.tally.completed += 1,
-            TfStatus::Incomplete => self.tally.incomplete += 1,
-            TfStatus::Dropped => self.tally.dropped += 1,
-        }
+        self.tally.count(row.status);
         self.metrics.tf(row.status.name(), row.reason.name());
         if row.status == TfStatus::Complete {
             self.metrics

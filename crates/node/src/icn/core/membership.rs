@@ -78,6 +78,7 @@ impl IcnCore {
         self.set_levels();
         if self.epns.len() as u32 == self.cfg.run.cfg.epns
             && self.flps.len() as u32 == self.cfg.run.cfg.flps
+            || self.all_alive_back()
         {
             self.prepare();
         }
@@ -119,7 +120,16 @@ impl IcnCore {
 
     fn ack(&mut self, conn: ConnId, node_id: u32) {
         let run_id = self.cfg.run_id;
-        self.send(conn, Message::RegisterAck { node_id, run_id });
+        // Taking over: nodes of the run keep what they hold and tell.
+        let resume = self.gathered.is_some();
+        self.send(
+            conn,
+            Message::RegisterAck {
+                node_id,
+                run_id,
+                resume,
+            },
+        );
         let state = self.state_msg();
         self.send(conn, state);
     }
@@ -411,6 +421,9 @@ impl IcnCore {
                 self.metrics.error("registry_left");
                 self.peer_gone(c, "registry: its znode is gone (session expired)");
             }
+        }
+        if self.phase == Phase::Registering && self.all_alive_back() {
+            self.prepare();
         }
     }
 

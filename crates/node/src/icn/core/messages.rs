@@ -29,6 +29,10 @@ impl IcnCore {
             Message::SourceEnded { ok, detail } if role == Role::Flp => {
                 self.on_source_ended(id, ok, detail)
             }
+            Message::StfsHeld(list) if role == Role::Flp => self.on_stfs_held(conn, id, list),
+            Message::TfsHeld { building, reports } if role == Role::Epn => {
+                self.on_tfs_held(id, building, reports)
+            }
             Message::LoadReport {
                 free_bytes,
                 building,
@@ -65,11 +69,10 @@ impl IcnCore {
     }
 
     fn on_ready(&mut self, conn: ConnId, role: Role, id: u32, connected: u32) {
-        if role == Role::Flp && connected != self.cfg.run.cfg.epns {
-            self.fatal = Some(format!(
-                "FLP {id} connected to {connected} of {} EPNs",
-                self.cfg.run.cfg.epns
-            ));
+        // The EPNs it was told of (a take-over may go on without some).
+        let epns = self.epns.len() as u32;
+        if role == Role::Flp && connected != epns {
+            self.fatal = Some(format!("FLP {id} connected to {connected} of {epns} EPNs"));
             self.phase = Phase::Done;
             return;
         }
@@ -92,8 +95,9 @@ impl IcnCore {
         }
     }
 
-    fn on_report(&mut self, epn: EpnId, r: TfReport) {
+    pub(super) fn on_report(&mut self, epn: EpnId, r: TfReport) {
         let now = self.now_us();
+        let tf_id = r.tf_id;
         match self
             .ledger
             .report(r.tf_id, epn, r.status, r.reason, r.bytes, now)
@@ -110,6 +114,11 @@ impl IcnCore {
                 self.log(Level::Warn, line);
                 self.metrics.error("wrong_epn_report");
             }
+        }
+        // The EPN keeps its report until the ICN has it (for a take-over): now it may
+        // forget it (the row, if any, is written before this leaves).
+        if let Some(&c) = self.epns.get(&epn) {
+            self.send(c, Message::Release { tf_id });
         }
     }
 

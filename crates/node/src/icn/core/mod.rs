@@ -16,6 +16,7 @@ mod messages;
 mod ondata;
 mod phases;
 mod status;
+mod takeover;
 #[cfg(test)]
 mod tests;
 mod window;
@@ -33,6 +34,7 @@ use super::summary::{MemberEvent, Tally};
 use crate::config::Checked;
 use crate::metrics::Metrics;
 use crate::registry::Membership;
+pub use takeover::Takeover;
 
 /// Time since the shell's origin (the ICN's start). Simulations pass simulated time.
 pub type Now = Duration;
@@ -132,8 +134,11 @@ pub enum Action {
         free_bytes: u64,
         building: u32,
     },
-    /// The run started now (the shell notes the wall-clock time).
-    RunStarted,
+    /// The run started now (the shell notes the wall-clock time), or goes on now
+    /// after a take-over (`resumed`: the run's start stays what it was).
+    RunStarted {
+        resumed: bool,
+    },
 }
 
 /// What the core is told once, at the start.
@@ -150,6 +155,8 @@ pub struct CoreConfig {
     /// Run control: once every node is ready, wait for `Command::Start` (no pre-run
     /// time-out) instead of starting at once.
     pub hold_start: bool,
+    /// Taking over this run from a failed ICN (same run id and TF ids).
+    pub takeover: Option<Takeover>,
 }
 
 /// One registered control connection.
@@ -228,12 +235,14 @@ pub struct IcnCore {
     pub(crate) paused_total: Duration,
     /// On-data scheduling: the FLPs' announcements.
     pub(crate) ondata: ondata::OnData,
+    /// Taking over: what the returning nodes hold, until the run goes on.
+    pub(crate) gathered: Option<takeover::Gathered>,
     outbox: VecDeque<Action>,
 }
 
 impl IcnCore {
     /// A new ICN at time `now`, waiting for registrations until the pre-run time-out.
-    pub fn new(cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
+    pub fn new(mut cfg: CoreConfig, metrics: Arc<Metrics>, now: Now) -> IcnCore {
         let prerun_timeout = Duration::from_secs_f64(cfg.run.cfg.prerun_timeout_s);
         // The live status shows this run's ends by reason; the Prometheus counters go
         // on over a session's runs.
@@ -241,7 +250,8 @@ impl IcnCore {
         let phase_deadline = (!cfg.hold_start).then_some(now + prerun_timeout);
         let window = window::Window::new(&cfg.run);
         let ondata = ondata::OnData::new(cfg.run.cfg.flps);
-        IcnCore {
+        let takeover = cfg.takeover.take();
+        let mut core = IcnCore {
             placer: Placer::new(cfg.run.cfg.build_policy()),
             registry_members: cfg.registry_members.clone(),
             cfg,
@@ -278,8 +288,13 @@ impl IcnCore {
             paused_at: None,
             paused_total: Duration::ZERO,
             ondata,
+            gathered: None,
             outbox: VecDeque::new(),
+        };
+        if let Some(t) = takeover {
+            core.take_over(t);
         }
+        core
     }
 
     /// Feeds one input at time `now` (never earlier than the last one).

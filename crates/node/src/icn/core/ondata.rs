@@ -50,7 +50,7 @@ impl OnData {
         tf < self.floor || self.scheduled.contains(&tf)
     }
 
-    fn mark_scheduled(&mut self, tf: TfId) {
+    pub(super) fn mark_scheduled(&mut self, tf: TfId) {
         self.scheduled.insert(tf);
         while self.scheduled.len() > SCHEDULED_KEPT {
             let oldest = self.scheduled.pop_first().expect("non-empty");

@@ -57,21 +57,37 @@ impl IcnCore {
             self.cfg.run_id
         );
         self.log(Level::Info, line);
-        self.run_t0 = Some(now);
-        self.emit(Action::RunStarted);
+        // A take-over goes on with the run's time axis (the shell's clock counts from
+        // the run's start).
+        let resumed = self.gathered.is_some();
+        self.run_t0 = Some(if resumed { Duration::ZERO } else { now });
+        self.emit(Action::RunStarted { resumed });
         for p in self.peers.values_mut() {
             p.last_seen = now;
         }
         self.phase = Phase::Running;
         self.last_lease_check = now;
-        self.phase_deadline = self.run_deadline(now);
         for epn in self.epns.keys().copied().collect::<Vec<_>>() {
             self.placer.policy_mut().add_epn(epn);
         }
+        if resumed {
+            self.resume_ledger();
+            self.outage_as_pause();
+        }
+        self.phase_deadline = self.run_deadline(self.run_t0.unwrap_or(now) + self.paused_total);
         self.broadcast(Message::RunStart {
             run_id: self.cfg.run_id,
-            elapsed_us: 0,
+            elapsed_us: self.now_us(),
         });
+    }
+
+    /// A paced run that was taken over issues on from where the failed ICN stopped:
+    /// the time without an ICN counts as a pause (no burst of overdue TFs).
+    fn outage_as_pause(&mut self) {
+        if self.cfg.run.paced() {
+            let due = self.deadline_of(self.next_tf);
+            self.paused_total += self.now.saturating_sub(due);
+        }
     }
 
     /// When the run's length is over (None: its TF count ends it). On-data with
@@ -140,6 +156,21 @@ impl IcnCore {
     }
 
     fn prerun_timed_out(&mut self) {
+        let some = !self.epns.is_empty() && !self.flps.is_empty();
+        if self.gathered.is_some() && self.phase == Phase::Registering && some {
+            // A take-over goes on with the nodes that came back; the rest may join later.
+            let line = format!(
+                "take-over: {} of {} FLPs and {} of {} EPNs came back; going on with them",
+                self.flps.len(),
+                self.cfg.run.cfg.flps,
+                self.epns.len(),
+                self.cfg.run.cfg.epns
+            );
+            self.log(Level::Warn, line.clone());
+            self.note(line);
+            self.phase_deadline = Some(self.now + self.cfg.run.drain_timeout());
+            return self.prepare();
+        }
         let cfg = &self.cfg.run.cfg;
         let missing_flps: Vec<u32> = (0..cfg.flps)
             .filter(|i| !self.flps.contains_key(i))
@@ -162,18 +193,26 @@ impl IcnCore {
         if self.lost_leadership {
             return;
         }
-        // Another ICN may lead now: stop issuing, end the run and write its summary.
+        // Another ICN leads now and goes on with the run (it took it over): this one
+        // is fenced. It stops at once and says nothing more to anyone: no RunStop, no
+        // rows, no summary.
         self.lost_leadership = true;
         let msg = "lost leadership: another ICN leads now; the run ends here";
         self.log(Level::Warn, msg.into());
         self.note(msg.into());
         match self.phase {
-            Phase::Running | Phase::Draining => self.begin_stop(),
             Phase::Registering | Phase::Preparing | Phase::Ready => {
                 self.fatal = Some("lost leadership before the run started".into());
                 self.phase = Phase::Done;
             }
-            Phase::Stopping | Phase::Done => {}
+            Phase::Running | Phase::Draining | Phase::Stopping => {
+                self.fatal = Some(format!(
+                    "lost leadership of run {}: another ICN goes on with it (fenced: no summary here)",
+                    self.cfg.run_id
+                ));
+                self.phase = Phase::Done;
+            }
+            Phase::Done => {}
         }
     }
 

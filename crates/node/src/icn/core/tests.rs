@@ -17,6 +17,7 @@ use crate::registry::{Membership, Registered};
 
 mod control;
 mod ondata;
+mod takeover;
 
 const MS: Duration = Duration::from_millis(1);
 
@@ -70,7 +71,19 @@ impl H {
     }
 
     fn build(cfg: RunConfig, id_base: u64, members: Option<Membership>, hold: bool) -> H {
+        H::make(cfg, id_base, members, hold, None)
+    }
+
+    fn make(
+        cfg: RunConfig,
+        id_base: u64,
+        members: Option<Membership>,
+        hold: bool,
+        takeover: Option<super::Takeover>,
+    ) -> H {
         let metrics = Metrics::new("icn", None);
+        // A take-over goes on with the run's time axis.
+        let now = takeover.as_ref().map_or(Duration::ZERO, |t| t.elapsed);
         let core = IcnCore::new(
             CoreConfig {
                 run: cfg.check().expect("valid test config"),
@@ -79,13 +92,14 @@ impl H {
                 registry_members: members,
                 stopwatch_ns: || 0,
                 hold_start: hold,
+                takeover,
             },
             metrics.clone(),
-            Duration::ZERO,
+            now,
         );
         H {
             core,
-            now: Duration::ZERO,
+            now,
             metrics,
             log: Vec::new(),
         }
@@ -264,7 +278,8 @@ fn register_acks_with_the_id_and_run() {
         to(&out, epn_conn(0)),
         vec![Message::RegisterAck {
             node_id: 0,
-            run_id: 7
+            run_id: 7,
+            resume: false,
         }]
     );
     let state = Message::RunState {
@@ -335,7 +350,8 @@ fn flp_without_an_id_takes_the_lowest_free_one() {
         to(&out, 60),
         vec![Message::RegisterAck {
             node_id: 1,
-            run_id: 7
+            run_id: 7,
+            resume: false,
         }]
     );
 }
@@ -375,7 +391,7 @@ fn all_ready_starts_the_run_everywhere() {
     assert_eq!(h.core.phase(), Phase::Preparing);
     let out = h.msg(flp_conn(0), ready(Role::Flp, 0, 1));
     assert_eq!(h.core.phase(), Phase::Running);
-    assert!(out.contains(&Action::RunStarted));
+    assert!(out.contains(&Action::RunStarted { resumed: false }));
     for c in [epn_conn(0), flp_conn(0)] {
         assert!(to(&out, c).contains(&Message::RunStart {
             run_id: 7,
@@ -850,11 +866,17 @@ fn start(h: &mut H) {
 }
 
 #[test]
-fn lost_leadership_stops_a_running_run() {
+fn lost_leadership_fences_a_running_run() {
     let mut h = H::running(1, 1, |_| {});
     let out = h.feed(Input::LostLeadership);
-    assert_eq!(h.core.phase(), Phase::Stopping);
-    assert!(to(&out, epn_conn(0)).contains(&Message::RunStop { run_id: 7 }));
+    // Another ICN goes on with the run: this one stops and says nothing to anyone.
+    assert_eq!(h.core.phase(), Phase::Done);
+    assert!(
+        h.core.fatal().unwrap().contains("fenced"),
+        "{:?}",
+        h.core.fatal()
+    );
+    assert!(to(&out, epn_conn(0)).is_empty() && to(&out, flp_conn(0)).is_empty());
 }
 
 #[test]

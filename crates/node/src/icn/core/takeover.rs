@@ -1,0 +1,377 @@
+//! The take-over of a run whose ICN failed: the rows of the TFs that ended before, what
+//! the returning FLPs and EPNs hold, and the ledger rebuilt from them at the start.
+//!
+//! A TF the failed ICN issued either has a row (it ended; rows reach the file before
+//! the Release that lets FLPs free its STFs), or its STFs are still held by the FLPs,
+//! or an EPN is building it or reported it. At the start every such TF ends exactly
+//! once: as its EPN reported it, with the EPN building it, with the EPN it was queued
+//! for, or re-assigned by the policy; an id nobody holds any more is dropped `icn_lost`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use fanin_proto::{HeldStf, Message, Reason, StfInfo, TfReport, TfStatus};
+use fanin_sched::{EpnId, FlpId, Placed, TfId};
+
+use super::issuing::drop_reason;
+use super::{ConnId, IcnCore, Level};
+use crate::icn::ledger::TfRow;
+
+/// What an ICN taking over a run starts from (the shell reads it from the registry and
+/// the results directory).
+#[derive(Debug, Clone, Default)]
+pub struct Takeover {
+    /// How many ICNs led the run before this one.
+    pub epoch: u64,
+    /// How long the run had been going at the take-over: its time axis goes on.
+    pub elapsed: Duration,
+    /// The TFs that ended under the earlier ICNs (their rows).
+    pub rows: Vec<TfRow>,
+}
+
+/// TF ids that ended, as bits from the run's first id (a long run stays small).
+#[derive(Default)]
+struct Ended {
+    base: TfId,
+    bits: Vec<u64>,
+}
+
+impl Ended {
+    fn insert(&mut self, tf: TfId) {
+        let Some(i) = tf.checked_sub(self.base) else {
+            return;
+        };
+        let (word, bit) = ((i / 64) as usize, i % 64);
+        if self.bits.len() <= word {
+            self.bits.resize(word + 1, 0);
+        }
+        self.bits[word] |= 1 << bit;
+    }
+
+    fn contains(&self, tf: TfId) -> bool {
+        let Some(i) = tf.checked_sub(self.base) else {
+            return false;
+        };
+        let (word, bit) = ((i / 64) as usize, i % 64);
+        self.bits.get(word).is_some_and(|w| w & (1 << bit) != 0)
+    }
+}
+
+/// What the returning nodes hold, gathered until the run goes on.
+#[derive(Default)]
+pub(crate) struct Gathered {
+    ended: Ended,
+    /// The highest TF id any row or node knows.
+    max_id: Option<TfId>,
+    /// Per TF, the FLPs holding its STF: (FLP, size, EPN it was queued for).
+    stfs: BTreeMap<TfId, Vec<(FlpId, u64, Option<EpnId>)>>,
+    building: BTreeMap<TfId, EpnId>,
+    reports: BTreeMap<TfId, (EpnId, TfReport)>,
+}
+
+impl Gathered {
+    fn saw(&mut self, tf: TfId) {
+        self.max_id = self.max_id.max(Some(tf));
+    }
+
+    /// TFs some node holds that have no row: the failed ICN's TFs in flight. On-data,
+    /// an STF never assigned anywhere is not (its TF goes back to the gathering).
+    fn in_flight(&self, on_data: bool) -> BTreeSet<TfId> {
+        let held = self.stfs.keys().chain(self.building.keys());
+        held.chain(self.reports.keys())
+            .copied()
+            .filter(|&tf| !self.ended.contains(tf))
+            .filter(|tf| !on_data || self.assigned(*tf))
+            .collect()
+    }
+
+    /// Did the failed ICN assign this TF (an EPN has it, or an FLP queued it)?
+    fn assigned(&self, tf: TfId) -> bool {
+        self.building.contains_key(&tf)
+            || self.reports.contains_key(&tf)
+            || self
+                .stfs
+                .get(&tf)
+                .is_some_and(|v| v.iter().any(|s| s.2.is_some()))
+    }
+}
+
+impl IcnCore {
+    /// Counts the earlier ICNs' rows as this run's, and starts gathering.
+    pub(super) fn take_over(&mut self, t: Takeover) {
+        let mut g = Gathered {
+            ended: Ended {
+                base: self.cfg.id_base,
+                bits: Vec::new(),
+            },
+            ..Gathered::default()
+        };
+        for row in &t.rows {
+            if g.ended.contains(row.tf_id) {
+                continue; // a repeated row counts once
+            }
+            g.ended.insert(row.tf_id);
+            g.saw(row.tf_id);
+            let bytes = match row.status {
+                TfStatus::Complete => self.tf_bytes(row.tf_id),
+                _ => 0,
+            };
+            self.ledger.carried(row, bytes);
+            self.tally.count(row.status);
+            if self.cfg.run.on_data() {
+                self.ondata.mark_scheduled(row.tf_id); // a late announcement is answered
+            }
+        }
+        self.next_tf = self.ids_used(&g);
+        let line = format!(
+            "took over run {} (take-over number {}) {:.3} s into it: {} TFs had ended",
+            self.cfg.run_id,
+            t.epoch + 1,
+            t.elapsed.as_secs_f64(),
+            t.rows.len()
+        );
+        self.log(Level::Warn, line.clone());
+        self.note(line);
+        self.gathered = Some(g);
+    }
+
+    /// A returning FLP's STFs. After the start (a late FLP): those whose TF ended are
+    /// released at once, the rest go on as they are.
+    pub(super) fn on_stfs_held(&mut self, conn: ConnId, flp: FlpId, list: Vec<HeldStf>) {
+        let Some(g) = self.gathered.as_mut() else {
+            let ended: Vec<TfId> = list
+                .iter()
+                .map(|h| h.tf_id)
+                .filter(|&tf| !self.ledger.is_pending(tf))
+                .collect();
+            for tf_id in ended {
+                self.send(conn, Message::Release { tf_id });
+            }
+            return;
+        };
+        for h in list {
+            g.saw(h.tf_id);
+            g.stfs
+                .entry(h.tf_id)
+                .or_default()
+                .push((flp, h.size, h.epn));
+        }
+    }
+
+    /// A returning EPN's TFs in building and its unreleased reports.
+    pub(super) fn on_tfs_held(&mut self, epn: EpnId, building: Vec<TfId>, reports: Vec<TfReport>) {
+        let Some(g) = self.gathered.as_mut() else {
+            for r in reports {
+                self.on_report(epn, r);
+            }
+            return;
+        };
+        for tf in building {
+            g.saw(tf);
+            g.building.insert(tf, epn);
+        }
+        for r in reports {
+            g.saw(r.tf_id);
+            // A complete report wins over another EPN's earlier verdict.
+            let better = match g.reports.get(&r.tf_id) {
+                Some((_, old)) => old.status != TfStatus::Complete,
+                None => true,
+            };
+            if better {
+                g.reports.insert(r.tf_id, (epn, r));
+            }
+        }
+    }
+
+    /// The run goes on: every TF the failed ICN had in flight gets its end or its EPN,
+    /// ids nobody holds are dropped, and issuing continues after the highest id known.
+    pub(super) fn resume_ledger(&mut self) {
+        let Some(g) = self.gathered.take() else {
+            return;
+        };
+        let flight = g.in_flight(self.cfg.run.on_data());
+        self.release_ended(&g);
+        self.missing_flps_lost();
+        let (mut kept, mut moved, mut reported) = (0u64, 0u64, 0u64);
+        for &tf in &flight {
+            match self.carry(tf, &g) {
+                Carried::Reported => reported += 1,
+                Carried::Kept => kept += 1,
+                Carried::Moved => moved += 1,
+            }
+        }
+        let lost = self.drop_unheld(&g, &flight);
+        self.next_tf = self.ids_used(&g);
+        self.announce_unassigned(&g, &flight);
+        let t = self.now_us() as f64 / 1e6;
+        let line = format!(
+            "t={t:.3}s take-over: {} TFs were in flight: {reported} ended as their EPN reported, {kept} stay with their EPN, {moved} placed again, {lost} dropped (icn_lost); issuing goes on from TF {}",
+            flight.len(),
+            self.cfg.id_base + self.next_tf
+        );
+        self.log(Level::Warn, line.clone());
+        self.note(line);
+    }
+
+    /// The pacing count: timer runs go on after the highest id known, on-data ones
+    /// count what they scheduled.
+    fn ids_used(&self, g: &Gathered) -> u64 {
+        match (self.cfg.run.on_data(), g.max_id) {
+            (false, Some(max)) => (max + 1).saturating_sub(self.cfg.id_base),
+            _ => self.ledger.issued,
+        }
+    }
+
+    /// One TF in flight at the failure: ended, kept with its EPN, or placed again.
+    fn carry(&mut self, tf: TfId, g: &Gathered) -> Carried {
+        let now = self.now_us();
+        if self.cfg.run.on_data() {
+            // Scheduled: a late announcement of it is answered, never scheduled again.
+            let bytes = g.stfs.get(&tf).map_or(0, |v| v.iter().map(|s| s.1).sum());
+            self.ondata.sizes.insert(tf, bytes);
+            self.ondata.mark_scheduled(tf);
+        }
+        if let Some((epn, r)) = g.reports.get(&tf) {
+            self.ledger.issue(tf, *epn, now);
+            self.on_report(*epn, r.clone());
+            return Carried::Reported;
+        }
+        let queued = g.stfs.get(&tf).and_then(|v| v.iter().find_map(|s| s.2));
+        let stays = g.building.get(&tf).copied().or(queued);
+        if let Some(epn) = stays.filter(|e| self.epns.contains_key(e)) {
+            self.ledger.issue(tf, epn, now);
+            self.dispatch(tf, epn);
+            return Carried::Kept;
+        }
+        match self.placer.replace(tf, self.tf_bytes(tf)) {
+            Placed::Assigned(to) if self.epns.contains_key(&to) => {
+                self.ledger.issue(tf, to, now);
+                self.ledger.reassigned += 1;
+                self.metrics.tf("reassigned", "icn_lost");
+                self.dispatch(tf, to);
+            }
+            Placed::Waiting => self.ledger.issue_waiting(tf, now),
+            Placed::Dropped(r) => {
+                let row = self.ledger.issue_dropped(tf, drop_reason(r), now);
+                self.ended(&row);
+            }
+            Placed::Assigned(_) => {
+                let row = self.ledger.issue_dropped(tf, Reason::EpnLost, now);
+                self.ended(&row);
+            }
+        }
+        Carried::Moved
+    }
+
+    /// TFs that ended (their rows) whose STFs or reports nodes still hold: the failed
+    /// ICN's Release was lost with it. They are freed now.
+    fn release_ended(&mut self, g: &Gathered) {
+        for (&tf, holders) in g.stfs.iter().filter(|(&tf, _)| g.ended.contains(tf)) {
+            for &(flp, _, _) in holders {
+                if let Some(&c) = self.flps.get(&flp) {
+                    self.send(c, Message::Release { tf_id: tf });
+                }
+            }
+        }
+        for (&tf, (epn, _)) in g.reports.iter().filter(|(&tf, _)| g.ended.contains(tf)) {
+            if let Some(&c) = self.epns.get(epn) {
+                self.send(c, Message::Release { tf_id: tf });
+            }
+        }
+    }
+
+    /// FLPs of the run that did not come back count as lost from now (on-data: their
+    /// sources end for the run after `stf_stale_ms`).
+    fn missing_flps_lost(&mut self) {
+        for flp in 0..self.cfg.run.cfg.flps {
+            if !self.flps.contains_key(&flp) {
+                self.source_lost(flp);
+            }
+        }
+    }
+
+    /// Taking over: every node the registry knows alive is back (the others died with
+    /// or before the failed ICN): the run need not wait for them.
+    pub(super) fn all_alive_back(&self) -> bool {
+        let Some(m) = self
+            .registry_members
+            .as_ref()
+            .filter(|_| self.gathered.is_some())
+        else {
+            return false;
+        };
+        !self.flps.is_empty()
+            && !self.epns.is_empty()
+            && m.flps.keys().all(|id| self.flps.contains_key(id))
+            && m.epns.keys().all(|id| self.epns.contains_key(id))
+    }
+
+    /// Timer runs issue every id: one below the highest known that has no row and that
+    /// no node holds was issued by the failed ICN, and its data no longer exist.
+    fn drop_unheld(&mut self, g: &Gathered, flight: &BTreeSet<TfId>) -> u64 {
+        let Some(max) = g.max_id.filter(|_| !self.cfg.run.on_data()) else {
+            return 0;
+        };
+        let now = self.now_us();
+        let mut lost = 0;
+        for tf in self.cfg.id_base..=max {
+            if !g.ended.contains(tf) && !flight.contains(&tf) {
+                let row = self.ledger.issue_dropped(tf, Reason::IcnLost, now);
+                self.ended(&row);
+                lost += 1;
+            }
+        }
+        lost
+    }
+
+    /// On-data: STFs produced and not scheduled yet count as announced again.
+    fn announce_unassigned(&mut self, g: &Gathered, flight: &BTreeSet<TfId>) {
+        if !self.cfg.run.on_data() {
+            return;
+        }
+        for (&tf, holders) in &g.stfs {
+            if g.ended.contains(tf) || flight.contains(&tf) {
+                continue;
+            }
+            for &(flp, size, _) in holders {
+                if let Some(&conn) = self.flps.get(&flp) {
+                    let list = vec![StfInfo { tf_id: tf, size }];
+                    self.on_announce(conn, flp, list);
+                }
+            }
+        }
+    }
+}
+
+/// What the take-over did with one TF in flight.
+enum Carried {
+    Reported,
+    Kept,
+    Moved,
+}
+
+impl TfRow {
+    /// A row read back from `tfs.csv`, as `TfCsv::line` wrote it (None: not one).
+    pub fn parse(line: &str) -> Option<TfRow> {
+        let f: Vec<&str> = line.trim_end().split(',').collect();
+        if f.len() != 7 {
+            return None;
+        }
+        let us = |s: &str| s.parse::<f64>().ok().map(|v| (v * 1e6).round() as u64);
+        let status = [TfStatus::Complete, TfStatus::Incomplete, TfStatus::Dropped]
+            .into_iter()
+            .find(|s| s.name() == f[5])?;
+        let reason = Reason::ALL.iter().copied().find(|r| r.name() == f[6])?;
+        Some(TfRow {
+            tf_id: f[0].parse().ok()?,
+            epn: match f[1] {
+                "" => None,
+                e => Some(e.parse().ok()?),
+            },
+            issued_us: us(f[2])?,
+            ended_us: us(f[3])?,
+            status,
+            reason,
+        })
+    }
+}

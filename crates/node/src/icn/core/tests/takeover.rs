@@ -1,0 +1,216 @@
+//! The take-over in the ICN core: the failed ICN's rows counted, the returning nodes'
+//! STFs, TFs in building and unreleased reports turned into one ledger, issuing on.
+
+use fanin_proto::{HeldStf, Message, Reason, Role, TfReport, TfStatus};
+
+use super::{assigns, ended, epn_conn, flp_conn, ready, to, Action, Phase, H, MS};
+use crate::icn::core::Takeover;
+use crate::icn::ledger::TfRow;
+
+/// The rows of TFs 0..10, completed before the ICN failed 20 ms into the run.
+fn earlier() -> Takeover {
+    let rows = (0..10)
+        .map(|tf| TfRow {
+            tf_id: tf,
+            epn: Some((tf % 3) as u32),
+            issued_us: tf * 1000,
+            ended_us: tf * 1000 + 500,
+            status: TfStatus::Complete,
+            reason: Reason::None,
+        })
+        .collect();
+    Takeover {
+        epoch: 0,
+        elapsed: 20 * MS,
+        rows,
+    }
+}
+
+fn held(tf_id: u64, epn: u32) -> HeldStf {
+    HeldStf {
+        tf_id,
+        size: 1024,
+        epn: Some(epn),
+    }
+}
+
+fn releases(actions: &[Action], conn: u64) -> Vec<u64> {
+    to(actions, conn)
+        .into_iter()
+        .filter_map(|m| match m {
+            Message::Release { tf_id } => Some(tf_id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_take_over_ends_every_tf_in_flight_once_and_issues_on_after_the_highest_id() {
+    let cfg = super::config(2, 3, |_| {});
+    let mut h = H::make(cfg, 0, None, false, Some(earlier()));
+    // EPN 2 died with the ICN; the others come back and say what they hold.
+    for e in 0..2 {
+        let a = h.register(epn_conn(e), Role::Epn, Some(e));
+        assert!(to(&a, epn_conn(e)).contains(&Message::RegisterAck {
+            node_id: e,
+            run_id: 7,
+            resume: true
+        }));
+    }
+    for f in 0..2 {
+        h.register(flp_conn(f), Role::Flp, Some(f));
+        let list = vec![
+            held(10, 0),
+            held(11, 1),
+            held(12, 2),
+            held(13, 0),
+            held(16, 1),
+        ];
+        h.msg(flp_conn(f), Message::StfsHeld(list));
+    }
+    let tfs_held = |building, done| Message::TfsHeld {
+        building,
+        reports: vec![TfReport::complete(done, 2, 2048)],
+    };
+    h.msg(epn_conn(0), tfs_held(vec![10], 13));
+    h.msg(epn_conn(1), tfs_held(vec![11], 16));
+    // EPN 2 never returns: after the pre-run time-out the run goes on without it.
+    assert_eq!(h.core.phase(), Phase::Registering);
+    h.at(5_100);
+    assert_eq!(h.core.phase(), Phase::Preparing);
+    for e in 0..2 {
+        h.msg(epn_conn(e), ready(Role::Epn, e, 0));
+    }
+    h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
+    let a = h.msg(flp_conn(1), ready(Role::Flp, 1, 2));
+    assert_eq!(h.core.phase(), Phase::Running);
+    // Reported ones end as reported; 14 and 15, which nobody holds, are lost with it.
+    let mut e = ended(&a);
+    e.sort_by_key(|x| x.0);
+    assert_eq!(
+        e,
+        [
+            (13, TfStatus::Complete, Reason::None),
+            (14, TfStatus::Dropped, Reason::IcnLost),
+            (15, TfStatus::Dropped, Reason::IcnLost),
+            (16, TfStatus::Complete, Reason::None),
+        ]
+    );
+    assert_eq!(
+        releases(&a, flp_conn(0)),
+        [13, 16],
+        "the FLPs free what ended"
+    );
+    assert_eq!(
+        releases(&a, epn_conn(0)),
+        [13],
+        "EPN 0 may forget its report"
+    );
+    // In building: stays with its EPN; queued for the dead EPN 2: placed again.
+    let placed = assigns(&a);
+    assert!(
+        placed.contains(&(10, 0)) && placed.contains(&(11, 1)),
+        "{placed:?}"
+    );
+    let twelve: Vec<_> = placed.iter().filter(|p| p.0 == 12).collect();
+    assert!(twelve.len() == 1 && twelve[0].1 != 2, "{placed:?}");
+    // Issuing goes on after the highest id known, without a burst of overdue TFs.
+    let first_new = placed.iter().map(|p| p.0).filter(|&tf| tf > 16).min();
+    assert_eq!(first_new, Some(17), "{placed:?}");
+    assert!(
+        placed.iter().filter(|p| p.0 > 16).count() <= 2,
+        "{placed:?}"
+    );
+    // The rest of the run: every TF built where it went.
+    let t = h.now.as_millis() as u64;
+    h.at(t + 200);
+    let mut done = std::collections::BTreeSet::new();
+    for (tf, epn) in assigns(&h.log.clone()) {
+        if done.insert(tf) {
+            h.complete(epn, tf);
+        }
+    }
+    h.at(t + 300);
+    assert_eq!(h.core.phase(), Phase::Stopping);
+    let s = h.finish();
+    assert_eq!((s.issued, s.completed), (100, 98), "{s:?}");
+    assert_eq!(s.dropped_by_reason.get("icn_lost"), Some(&2));
+    assert_eq!(s.reassigned, 1);
+}
+
+#[test]
+fn rows_read_back_as_written() {
+    let t = earlier();
+    for r in &t.rows {
+        let line = crate::icn::summary::TfCsv::line(r);
+        assert_eq!(TfRow::parse(&line).as_ref(), Some(r), "{line}");
+    }
+    assert_eq!(TfRow::parse("3,1,0.1,0.2,100.0,complete,no"), None);
+    assert_eq!(TfRow::parse("3,1,0.1,0.2,100.0,compl"), None);
+}
+
+#[test]
+fn on_data_a_take_over_keeps_what_was_assigned_and_gathers_the_rest_again() {
+    let cfg = super::config(2, 2, |c| {
+        c.schedule = crate::config::ScheduleKind::OnData;
+        c.tfs = Some(10);
+        c.stf_stale_ms = 100;
+    });
+    let mut t = earlier();
+    t.rows.truncate(2); // TFs 0 and 1 ended
+    let mut h = H::make(cfg, 0, None, false, Some(t));
+    for e in 0..2 {
+        h.register(epn_conn(e), Role::Epn, Some(e));
+    }
+    let unsent = |tf_id| HeldStf {
+        tf_id,
+        size: 100,
+        epn: None,
+    };
+    for f in 0..2 {
+        h.register(flp_conn(f), Role::Flp, Some(f));
+    }
+    // FLP 0 still holds TF 1 (its Release died with the ICN); TF 2 went to EPN 1; TF 3
+    // was produced by both and never scheduled.
+    h.msg(
+        flp_conn(0),
+        Message::StfsHeld(vec![held(1, 0), held(2, 1), unsent(3)]),
+    );
+    h.msg(flp_conn(1), Message::StfsHeld(vec![held(2, 1), unsent(3)]));
+    let none = Message::TfsHeld {
+        building: vec![],
+        reports: vec![],
+    };
+    h.msg(epn_conn(0), none);
+    let building = Message::TfsHeld {
+        building: vec![2],
+        reports: vec![],
+    };
+    h.msg(epn_conn(1), building);
+    for e in 0..2 {
+        h.msg(epn_conn(e), ready(Role::Epn, e, 0));
+    }
+    h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
+    let a = h.msg(flp_conn(1), ready(Role::Flp, 1, 2));
+    assert_eq!(h.core.phase(), Phase::Running);
+    assert!(
+        releases(&a, flp_conn(0)).contains(&1),
+        "the ended TF is freed"
+    );
+    let placed = assigns(&a);
+    assert!(placed.contains(&(2, 1)), "{placed:?}");
+    assert!(
+        placed.iter().any(|p| p.0 == 3),
+        "gathered again: {placed:?}"
+    );
+    // A late announcement of a TF that ended before the take-over is not scheduled.
+    let late = h.msg(
+        flp_conn(1),
+        Message::StfAnnounce(vec![fanin_proto::StfInfo {
+            tf_id: 0,
+            size: 100,
+        }]),
+    );
+    assert!(assigns(&late).is_empty(), "{late:?}");
+    assert!(ended(&late).is_empty(), "{late:?}");
+}

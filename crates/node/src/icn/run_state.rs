@@ -1,0 +1,217 @@
+//! The run's identity in the registry and its rows in the results directory: what an
+//! ICN taking over a failed one reads, and what fences an ICN that lost the lead.
+//!
+//! The state znode (`/PATH/run/state`) names the run (id, first TF id), how many ICNs
+//! led it (`epoch`), where its rows are (results directory and file) and whether it
+//! ended. Only the leader's own session writes it, by compare-and-set: an ICN deposed
+//! while frozen cannot mark the run ended, and so writes no summary.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::core::Takeover;
+use super::summary::TfCsv;
+use crate::registry::Leadership;
+
+/// The run as the state znode holds it (`key=value` lines).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunState {
+    pub run_id: u64,
+    pub id_base: u64,
+    /// ICNs that led the run before the current one.
+    pub epoch: u64,
+    /// The results directory (absolute) and the file of the current leader's rows.
+    pub results: String,
+    pub rows: String,
+    pub ended: bool,
+}
+
+impl RunState {
+    pub fn encode(&self) -> String {
+        format!(
+            "run_id={}\nid_base={}\nepoch={}\nresults={}\nrows={}\nended={}\n",
+            self.run_id, self.id_base, self.epoch, self.results, self.rows, self.ended
+        )
+    }
+
+    pub fn parse(text: &str) -> Option<RunState> {
+        let get = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+                .map(str::to_string)
+        };
+        Some(RunState {
+            run_id: get("run_id")?.parse().ok()?,
+            id_base: get("id_base")?.parse().ok()?,
+            epoch: get("epoch")?.parse().ok()?,
+            results: get("results")?,
+            rows: get("rows")?,
+            ended: get("ended")?.parse().ok()?,
+        })
+    }
+}
+
+/// The leading ICN's claim on its run: the state it wrote, and its version.
+pub struct Claim {
+    pub state: RunState,
+    version: i32,
+    /// Set when this ICN took the run over from a failed one.
+    pub takeover: Option<Takeover>,
+    /// The run's start (wall clock, µs), when it had started.
+    pub started_unix_us: Option<u64>,
+}
+
+/// The file holding the run's start time (µs since the epoch) in the results directory.
+pub const RUN_START_FILE: &str = "run_start_us";
+
+/// Elected: takes over the run the state znode names if it is still going and its rows
+/// are in this ICN's results directory, else claims a new one (`fresh`: its id and
+/// first TF id).
+pub async fn claim(
+    lead: &Leadership,
+    results: Option<&Path>,
+    fresh: impl std::future::Future<Output = anyhow::Result<(u64, u64)>>,
+) -> anyhow::Result<Claim> {
+    let results = results.map(absolute);
+    let prior = lead.run_state().await?;
+    let version = prior.as_ref().map(|p| p.1);
+    let going = prior
+        .as_ref()
+        .and_then(|(text, _)| RunState::parse(text))
+        .filter(|s| !s.ended);
+    if let (Some(s), Some(dir)) = (&going, &results) {
+        if Path::new(&s.results) == dir.as_path() {
+            return take_over(lead, s, dir, version).await;
+        }
+        tracing::warn!(
+            "ICN: the registry names run {} (results in {}) as going on; its rows are not in {}: starting a new run",
+            s.run_id,
+            s.results,
+            dir.display()
+        );
+    }
+    let (run_id, id_base) = fresh.await?;
+    let state = RunState {
+        run_id,
+        id_base,
+        epoch: 0,
+        results: results.map(|d| d.display().to_string()).unwrap_or_default(),
+        rows: "tfs.csv".into(),
+        ended: false,
+    };
+    let version = lead.set_run_state(&state.encode(), version).await?;
+    Ok(Claim {
+        state,
+        version,
+        takeover: None,
+        started_unix_us: None,
+    })
+}
+
+/// Takes the run over: its rows so far become the start of this ICN's own rows file.
+async fn take_over(
+    lead: &Leadership,
+    prior: &RunState,
+    dir: &Path,
+    version: Option<i32>,
+) -> anyhow::Result<Claim> {
+    let from = dir.join(&prior.rows);
+    let rows = TfCsv::read_rows(&from)
+        .with_context(|| format!("take-over: reading the run's rows {}", from.display()))?;
+    let started_unix_us = std::fs::read_to_string(dir.join(RUN_START_FILE))
+        .ok()
+        .and_then(|t| t.trim().parse::<u64>().ok());
+    let elapsed = started_unix_us
+        .map(|t0| Duration::from_micros(unix_us().saturating_sub(t0)))
+        .unwrap_or_default();
+    let epoch = prior.epoch + 1;
+    let state = RunState {
+        epoch,
+        rows: format!("tfs.icn{epoch}.csv"),
+        ..prior.clone()
+    };
+    let version = lead.set_run_state(&state.encode(), version).await?;
+    tracing::warn!(
+        "ICN: taking over run {} from a failed ICN ({} TFs ended before, {:.1} s into the run)",
+        state.run_id,
+        rows.len(),
+        elapsed.as_secs_f64()
+    );
+    Ok(Claim {
+        state,
+        version,
+        takeover: Some(Takeover {
+            epoch: prior.epoch,
+            elapsed,
+            rows,
+        }),
+        started_unix_us,
+    })
+}
+
+impl Claim {
+    /// The run ended here: marked so through the leader's session. An ICN that lost
+    /// the lead cannot, and must write no summary (another ICN goes on with the run).
+    pub async fn end(&mut self, lead: &Leadership) -> anyhow::Result<()> {
+        let ended = RunState {
+            ended: true,
+            ..self.state.clone()
+        };
+        match lead.set_run_state(&ended.encode(), Some(self.version)).await {
+            Ok(v) => {
+                (self.state, self.version) = (ended, v);
+                Ok(())
+            }
+            Err(e) if !lead.is_leader() => anyhow::bail!(
+                "fenced: this ICN lost the lead of run {} to another ICN, which goes on with it ({e})",
+                self.state.run_id
+            ),
+            Err(e) => {
+                // Still the leader, the registry out of reach: the summary is written.
+                tracing::warn!("ICN: could not mark run {} ended: {e}", self.state.run_id);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Did run `run_id` end, says the registry? (A node that was away when it ended then
+/// has nothing to join.) No answer counts as no.
+pub async fn ended(reg: &crate::registry::ZkRegistry, run_id: u64) -> bool {
+    let state = reg.run_state(crate::registry::runtime::RUN).await;
+    let state = state.ok().flatten().and_then(|t| RunState::parse(&t));
+    state.is_some_and(|s| s.run_id == run_id && s.ended)
+}
+
+pub fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_reads_back_and_refuses_what_it_is_not() {
+        let s = RunState {
+            run_id: 42,
+            id_base: 1 << 32,
+            epoch: 2,
+            results: "/tmp/r".into(),
+            rows: "tfs.icn2.csv".into(),
+            ended: false,
+        };
+        assert_eq!(RunState::parse(&s.encode()), Some(s));
+        assert_eq!(RunState::parse("run_id=1\n"), None);
+        assert_eq!(RunState::parse("17"), None);
+    }
+}
