@@ -271,6 +271,13 @@ impl<P> EpnCore<P> {
     fn on_control(&mut self, m: Message, out: &mut Vec<Out<P>>) {
         let me = self.me;
         match m {
+            // Assigned again after a take-over, reported already: the report again.
+            Message::Assign { tf_id, epn_id }
+                if epn_id == me && self.unreleased.contains_key(&tf_id) =>
+            {
+                let r = self.unreleased[&tf_id].clone();
+                self.out.push_back(Action::Control(Message::TfReport(r)));
+            }
             Message::Assign { tf_id, epn_id } if epn_id == me => {
                 if let Some(o) = self.order.as_mut() {
                     o.assigned(tf_id);

@@ -239,7 +239,35 @@ async fn resume(
     reg: Option<&ZkRegistry>,
     kept: &std::cell::RefCell<Option<KeptRun>>,
 ) -> Result<(), NodeError> {
+    match take_part(&k, &mut joined, icn, metrics).await {
+        Ok(true) => follow(k, joined, icn, leader, metrics, reg, kept).await,
+        Ok(false) => {
+            drop(k);
+            Ok(joined.leave(Role::Epn, metrics).await?)
+        }
+        Err(e) => {
+            // The run stays kept for the next ICN (this one may have died meanwhile).
+            *kept.borrow_mut() = Some(k);
+            Err(e)
+        }
+    }
+}
+
+/// The EPN's part of a take-over: its reports go to the new ICN from now on; it tells
+/// what it holds, takes the run parameters and is ready. False: run control stopped.
+async fn take_part(
+    k: &KeptRun,
+    joined: &mut crate::join::Joined,
+    icn: SocketAddr,
+    metrics: &Arc<Metrics>,
+) -> Result<bool, NodeError> {
     let me = joined.me;
+    let lost = |e: &dyn std::fmt::Display| {
+        NodeError::LostIcn(format!("EPN {me}: ICN {icn} during the take-over: {e}"))
+    };
+    // First the new connection, then the snapshot: a report made in between is in both
+    // (the ICN takes it once), none is in neither.
+    let _ = k.ctl.send(joined.ctl.clone());
     let (tx, rx) = tokio::sync::oneshot::channel();
     let asked = k.b_tx.send(BuildEvent::Held(tx)).await.is_ok();
     let Some((building, reports)) = (if asked { rx.await.ok() } else { None }) else {
@@ -260,20 +288,19 @@ async fn resume(
             building: part(&building, i, batch),
             reports: part(&reports, i, batch),
         };
-        joined.ctl.send(msg).await?;
+        joined.ctl.send(msg).await.map_err(|e| lost(&e))?;
     }
-    if prerun(&mut joined.rd, me, icn, metrics).await?.is_none() {
-        drop(k);
-        return Ok(joined.leave(Role::Epn, metrics).await?);
+    let prep = prerun(&mut joined.rd, me, icn, metrics).await;
+    if prep.map_err(|e| lost(&format!("{e:#}")))?.is_none() {
+        return Ok(false);
     }
-    let _ = k.ctl.send(joined.ctl.clone());
     let ready = Message::Ready {
         role: Role::Epn,
         node_id: me,
         connected: 0,
     };
-    joined.ctl.send(ready).await?;
-    follow(k, joined, icn, leader, metrics, reg, kept).await
+    joined.ctl.send(ready).await.map_err(|e| lost(&e))?;
+    Ok(true)
 }
 
 /// The `i`-th part of `v` in parts of `n` (empty past its end).

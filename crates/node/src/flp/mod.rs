@@ -112,7 +112,15 @@ async fn run_once(
     let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
     let leader = follow_leader(reg).await;
     let started = match taken {
-        Some(k) => resume(k, &mut joined, icn, metrics).await?,
+        Some(mut k) => match resume(&mut k, &mut joined, icn, metrics).await {
+            Ok(true) => Some((k.shell, k.done)),
+            Ok(false) => None,
+            Err(e) => {
+                // The run stays kept for the next ICN (this one may have died meanwhile).
+                *kept.borrow_mut() = Some(k);
+                return Err(e);
+            }
+        },
         None => start(opts, &mut joined, icn, metrics).await?,
     };
     let Some((mut shell, mut done)) = started else {
@@ -166,12 +174,15 @@ pub(crate) async fn leader_moved(
 /// Resumes a kept run with the ICN that took it over: tells what it holds, takes the
 /// run parameters and EPN list, connects to the EPNs it does not reach, and is ready.
 async fn resume(
-    mut k: KeptRun,
+    k: &mut KeptRun,
     joined: &mut Joined,
     icn: SocketAddr,
     metrics: &Arc<Metrics>,
-) -> Result<Option<(Shell, mpsc::Receiver<(StfJob, bool)>)>, NodeError> {
+) -> Result<bool, NodeError> {
     let me = joined.me;
+    let lost = |e: &dyn std::fmt::Display| {
+        NodeError::LostIcn(format!("FLP {me}: ICN {icn} during the take-over: {e}"))
+    };
     // The source waits for the new ICN's RunStart (it would drop announcements before).
     k.shell.source_live = false;
     let held = k.shell.core.held();
@@ -181,21 +192,28 @@ async fn resume(
         held.len()
     );
     for chunk in held.chunks(fanin_proto::HELD_BATCH) {
-        joined.ctl.send(Message::StfsHeld(chunk.to_vec())).await?;
+        let msg = Message::StfsHeld(chunk.to_vec());
+        joined.ctl.send(msg).await.map_err(|e| lost(&e))?;
     }
-    let Some((_, list)) = prerun(joined, me, icn, metrics).await? else {
-        return Ok(None);
+    let prep = prerun(joined, me, icn, metrics).await;
+    let Some((_, list)) = prep.map_err(|e| lost(&format!("{e:#}")))? else {
+        return Ok(false);
     };
-    let unreached: Vec<&EpnEntry> = list
+    // EPNs it does not reach, or that came back elsewhere (restarted meanwhile).
+    let shell = &k.shell;
+    let unreached: Vec<EpnEntry> = list
         .iter()
-        .filter(|e| !k.shell.core.reaches(e.epn_id))
+        .filter(|e| !shell.core.reaches(e.epn_id) || shell.addrs.get(&e.epn_id) != Some(&e.addr))
+        .cloned()
         .collect();
-    for e in unreached {
-        let stream =
-            k.shell.connect(e).await.map_err(|err| {
-                NodeError::LostIcn(format!("FLP {me}: after the take-over: {err:#}"))
-            })?;
+    for e in &unreached {
+        let stream = k
+            .shell
+            .connect(e)
+            .await
+            .map_err(|err| lost(&format!("{err:#}")))?;
         k.shell.start_sender(e.epn_id, stream);
+        k.shell.addrs.insert(e.epn_id, e.addr.clone());
         k.shell.core.connected_anew(e.epn_id);
     }
     let ready = Message::Ready {
@@ -203,8 +221,8 @@ async fn resume(
         node_id: me,
         connected: list.len() as u32,
     };
-    joined.ctl.send(ready).await?;
-    Ok(Some((k.shell, k.done)))
+    joined.ctl.send(ready).await.map_err(|e| lost(&e))?;
+    Ok(true)
 }
 
 /// A new run: the parameters and EPN list, the source, a data connection to every EPN
@@ -259,6 +277,7 @@ async fn start(
             }
         })?;
         shell.start_sender(e.epn_id, stream);
+        shell.addrs.insert(e.epn_id, e.addr.clone());
     }
     tracing::info!("FLP {me}: connected to {} EPNs", shell.senders.len());
     let connected = shell.senders.len() as u32;
@@ -312,6 +331,8 @@ struct Shell {
     core: FlpCore,
     ctx: Arc<SendCtx>,
     senders: HashMap<EpnId, mpsc::Sender<Outgoing>>,
+    /// Each EPN's data address when this FLP connected (one restarted elsewhere differs).
+    addrs: HashMap<EpnId, String>,
     tasks: Vec<AbortOnDrop<()>>,
     /// Sender tasks hand finished jobs back here.
     done_tx: mpsc::Sender<(StfJob, bool)>,
@@ -376,6 +397,7 @@ impl Shell {
             core,
             ctx,
             senders: HashMap::new(),
+            addrs: HashMap::new(),
             tasks: Vec::new(),
             done_tx,
             data_bind,
@@ -518,7 +540,10 @@ impl Shell {
                             failed.push(Input::Sent { job, ok: false });
                         }
                     }
-                    Action::Connect(e) => self.connect_later(e, conn_tx),
+                    Action::Connect(e) => {
+                        self.addrs.insert(e.epn_id, e.addr.clone());
+                        self.connect_later(e, conn_tx)
+                    }
                     Action::Stop => stopped = true,
                     Action::Free(tf) => {
                         self.store.remove(&tf);

@@ -87,10 +87,10 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     let origin = Instant::now()
         .checked_sub(elapsed)
         .unwrap_or_else(Instant::now);
-    let tfs_csv = match (&opts.results_dir, &takeover, &lead.claim) {
-        (Some(d), Some(t), Some(c)) => Some(TfCsv::resume(d, &c.state.rows, &t.rows)?),
-        (Some(d), _, _) => Some(TfCsv::create(d)?),
-        (None, _, _) => None,
+    let tfs_csv = match (&opts.results_dir, lead.claim.as_mut()) {
+        (_, Some(c)) => c.csv.take(),
+        (Some(d), None) => Some(TfCsv::create(d)?),
+        (None, None) => None,
     };
     let core = IcnCore::new(
         CoreConfig {
@@ -194,6 +194,21 @@ type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send
 async fn reelect(
     r: crate::registry::ZkRegistry,
     control: String,
+    version: Option<i32>,
+) -> Result<crate::registry::Leadership, String> {
+    let lead = elect_again(r, control).await?;
+    // Elected again: unless another ICN took the run over meanwhile (and died too).
+    match lead.run_state().await {
+        Ok(Some((_, v))) if version.is_some_and(|mine| mine != v) => {
+            Err("another ICN took the run over meanwhile".into())
+        }
+        _ => Ok(lead),
+    }
+}
+
+async fn elect_again(
+    r: crate::registry::ZkRegistry,
+    control: String,
 ) -> Result<crate::registry::Leadership, String> {
     let mut attempt = 0u64;
     loop {
@@ -232,6 +247,7 @@ impl Leadership {
         };
         let r = r.connect().await?;
         // Become the leader first (a standby waits here), then take ids.
+        let waited = matches!(r.leader(RUN).await, Ok(Some(_)));
         if let Ok(Some(other)) = r.leader(RUN).await {
             tracing::info!("ICN: standby; the ICN at {other} leads, waiting for leadership");
         }
@@ -239,7 +255,8 @@ impl Leadership {
         tracing::info!("ICN: elected leader in registry {}", r.url());
         let block = opts.run.total_tfs.unwrap_or(ID_BLOCK);
         let fresh = async { Ok((opts.run_id, lead.reserve_tf_ids(block).await?.start)) };
-        let claim = run_state::claim(&lead, opts.results_dir.as_deref(), fresh).await?;
+        let results = opts.results_dir.as_deref();
+        let claim = run_state::claim(&lead, results, waited, fresh).await?;
         l.id_base = claim.state.id_base;
         l.claim = Some(claim);
         l.members = Some(r.watch(RUN).await?);
@@ -252,6 +269,21 @@ impl Leadership {
     /// The run ended: marked so in the registry (an ICN that lost the lead is fenced:
     /// an error, and no summary).
     async fn end_run(&mut self) -> anyhow::Result<()> {
+        if let Some(again) = self.reelect.take() {
+            // The run ended during a registry outage: lead again, or learn who does.
+            let wait = Duration::from_secs(10);
+            match tokio::time::timeout(wait, again).await {
+                Ok(Ok(lead)) => self._lead = Some(lead),
+                Ok(Err(other)) => {
+                    anyhow::bail!("fenced: another ICN leads ({other}); this one writes no summary")
+                }
+                Err(_) => {
+                    // Nobody could be elected without the registry either.
+                    tracing::warn!("ICN: the registry is still out of reach at the run's end; writing the summary");
+                    return Ok(());
+                }
+            }
+        }
         match (self.claim.as_mut(), self._lead.as_ref()) {
             (Some(c), Some(l)) => c.end(l).await,
             _ => Ok(()),
@@ -283,7 +315,8 @@ impl Leadership {
                 self.lost = None;
                 self.lost_at = Some(Instant::now());
                 let r = self.registry.clone().expect("a leadership has a registry");
-                self.reelect = Some(Box::pin(reelect(r, self.control.clone())));
+                let version = self.claim.as_ref().map(|c| c.version);
+                self.reelect = Some(Box::pin(reelect(r, self.control.clone(), version)));
                 Input::RegistryOutage {
                     lost: true,
                     what: "lost the registry leadership (session ended); the run goes on while no other ICN leads, leases detect failed nodes".into(),
@@ -518,8 +551,10 @@ impl Shell {
                 if self.failed.contains(&conn) {
                     return None;
                 }
-                if matches!(msg, Message::Release { .. }) {
-                    self.commit_rows();
+                // A TF's STFs are freed only once its row is in the file.
+                let frees = matches!(msg, Message::Release { .. } | Message::Abandon { .. });
+                if frees && !self.commit_rows() {
+                    return None;
                 }
                 let c = self.conns.get(&conn)?;
                 let why = match c.tx.try_send(msg) {
@@ -577,10 +612,16 @@ impl Shell {
         None
     }
 
-    /// A Release frees STFs: the rows written before it reach the file first.
-    fn commit_rows(&mut self) {
-        if let Some(Err(e)) = self.tfs_csv.as_mut().map(|c| c.commit()) {
-            tracing::error!("ICN: writing tfs.csv: {e}");
+    /// A Release frees STFs: the rows written before it reach the file first. False
+    /// when they cannot: the Release is held back (the STFs stay kept, never lost).
+    fn commit_rows(&mut self) -> bool {
+        match self.tfs_csv.as_mut().map(|c| c.commit()) {
+            Some(Err(e)) => {
+                tracing::error!("ICN: writing tfs.csv: {e}; Release held back");
+                self.core.metrics_error("rows_not_written");
+                false
+            }
+            _ => true,
         }
     }
 

@@ -56,11 +56,13 @@ impl RunState {
 /// The leading ICN's claim on its run: the state it wrote, and its version.
 pub struct Claim {
     pub state: RunState,
-    version: i32,
+    pub version: i32,
     /// Set when this ICN took the run over from a failed one.
     pub takeover: Option<Takeover>,
     /// The run's start (wall clock, µs), when it had started.
     pub started_unix_us: Option<u64>,
+    /// Its rows file, made before the state named it (a later take-over finds it).
+    pub csv: Option<TfCsv>,
 }
 
 /// The file holding the run's start time (µs since the epoch) in the results directory.
@@ -68,21 +70,29 @@ pub const RUN_START_FILE: &str = "run_start_us";
 
 /// Elected: takes over the run the state znode names if it is still going and its rows
 /// are in this ICN's results directory, else claims a new one (`fresh`: its id and
-/// first TF id).
+/// first TF id). A standby (`waited`: another ICN led when it started) whose run ended
+/// meanwhile has nothing to take over, and must not touch its results.
 pub async fn claim(
     lead: &Leadership,
     results: Option<&Path>,
+    waited: bool,
     fresh: impl std::future::Future<Output = anyhow::Result<(u64, u64)>>,
 ) -> anyhow::Result<Claim> {
     let results = results.map(absolute);
     let prior = lead.run_state().await?;
     let version = prior.as_ref().map(|p| p.1);
-    let going = prior
-        .as_ref()
-        .and_then(|(text, _)| RunState::parse(text))
-        .filter(|s| !s.ended);
+    let prior = prior.as_ref().and_then(|(text, _)| RunState::parse(text));
+    let here = |s: &RunState| results.as_deref() == Some(Path::new(&s.results));
+    if let Some(s) = prior.as_ref().filter(|s| s.ended && waited && here(s)) {
+        anyhow::bail!(
+            "run {} in {} ended while this ICN stood by: nothing to take over",
+            s.run_id,
+            s.results
+        );
+    }
+    let going = prior.filter(|s| !s.ended);
     if let (Some(s), Some(dir)) = (&going, &results) {
-        if Path::new(&s.results) == dir.as_path() {
+        if here(s) {
             return take_over(lead, s, dir, version).await;
         }
         tracing::warn!(
@@ -93,6 +103,14 @@ pub async fn claim(
         );
     }
     let (run_id, id_base) = fresh.await?;
+    // This run's files, before the state names them (no earlier run's start is taken).
+    let csv = match &results {
+        Some(d) => {
+            let _ = std::fs::remove_file(d.join(RUN_START_FILE));
+            Some(TfCsv::create(d)?)
+        }
+        None => None,
+    };
     let state = RunState {
         run_id,
         id_base,
@@ -107,6 +125,7 @@ pub async fn claim(
         version,
         takeover: None,
         started_unix_us: None,
+        csv,
     })
 }
 
@@ -132,6 +151,8 @@ async fn take_over(
         rows: format!("tfs.icn{epoch}.csv"),
         ..prior.clone()
     };
+    // The new rows file holds every row so far before the state names it.
+    let csv = TfCsv::resume(dir, &state.rows, &rows)?;
     let version = lead.set_run_state(&state.encode(), version).await?;
     tracing::warn!(
         "ICN: taking over run {} from a failed ICN ({} TFs ended before, {:.1} s into the run)",
@@ -148,6 +169,7 @@ async fn take_over(
             rows,
         }),
         started_unix_us,
+        csv: Some(csv),
     })
 }
 
@@ -164,7 +186,7 @@ impl Claim {
                 (self.state, self.version) = (ended, v);
                 Ok(())
             }
-            Err(e) if !lead.is_leader() => anyhow::bail!(
+            Err(e) if !lead.is_leader() || deposed(&e) => anyhow::bail!(
                 "fenced: this ICN lost the lead of run {} to another ICN, which goes on with it ({e})",
                 self.state.run_id
             ),
@@ -183,6 +205,18 @@ pub async fn ended(reg: &crate::registry::ZkRegistry, run_id: u64) -> bool {
     let state = reg.run_state(crate::registry::runtime::RUN).await;
     let state = state.ok().flatten().and_then(|t| RunState::parse(&t));
     state.is_some_and(|s| s.run_id == run_id && s.ended)
+}
+
+/// An answer that says another ICN wrote the state, or this session is over.
+fn deposed(e: &crate::registry::RegistryError) -> bool {
+    use zookeeper_client::Error as Zk;
+    matches!(
+        e,
+        crate::registry::RegistryError::Zk {
+            source: Zk::BadVersion | Zk::NoNode | Zk::SessionExpired,
+            ..
+        }
+    )
 }
 
 pub fn unix_us() -> u64 {
@@ -210,8 +244,32 @@ mod tests {
             rows: "tfs.icn2.csv".into(),
             ended: false,
         };
-        assert_eq!(RunState::parse(&s.encode()), Some(s));
+        assert_eq!(RunState::parse(&s.encode()), Some(s.clone()));
         assert_eq!(RunState::parse("run_id=1\n"), None);
         assert_eq!(RunState::parse("17"), None);
+        let bad = s.encode().replace("ended=false", "ended=maybe");
+        assert_eq!(RunState::parse(&bad), None);
+        let bad = s.encode().replace("epoch=2", "epoch=-1");
+        assert_eq!(RunState::parse(&bad), None);
+    }
+
+    #[test]
+    fn rows_left_by_a_killed_icn_are_read_whole_lines_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("tfs.csv");
+        let text = format!(
+            "{}\n0,1,0.001000,0.002000,1.000,complete,none\nnot,a,row\n1,,0.002000,0.002000,0.000,dropped,icn_lost\n2,0,0.003000,0.004000,1.000,compl",
+            TfCsv::HEADER
+        );
+        std::fs::write(&p, text).unwrap();
+        let rows = TfCsv::read_rows(&p).unwrap();
+        let ids: Vec<u64> = rows.iter().map(|r| r.tf_id).collect();
+        assert_eq!(
+            ids,
+            [0, 1],
+            "the garbage line and the cut last row are left out"
+        );
+        assert_eq!(rows[1].epn, None);
+        assert_eq!(rows[1].reason, fanin_proto::Reason::IcnLost);
     }
 }

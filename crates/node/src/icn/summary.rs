@@ -449,8 +449,9 @@ impl TfCsv {
     /// The rows written so far reach the file (the kernel) before a Release leaves:
     /// a TF is never freed by its FLPs without its row (a group commit).
     pub fn commit(&mut self) -> std::io::Result<()> {
-        if std::mem::take(&mut self.dirty) {
+        if self.dirty {
             self.out.flush()?;
+            self.dirty = false;
         }
         Ok(())
     }
@@ -534,15 +535,6 @@ impl TfCsv {
     /// (issue time in s, status) of every TF in `dir/tfs.csv`.
     pub fn read(dir: &Path) -> Vec<(f64, String)> {
         TfCsv::rows(dir).map(|r| (r.issue_s, r.status)).collect()
-    }
-
-    /// TFs of `dir/tfs.csv` by status.
-    pub fn status_counts(dir: &Path) -> BTreeMap<String, u64> {
-        let mut m = BTreeMap::new();
-        for (_, status) in TfCsv::read(dir) {
-            *m.entry(status).or_default() += 1;
-        }
-        m
     }
 }
 

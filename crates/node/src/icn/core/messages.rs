@@ -17,6 +17,10 @@ impl IcnCore {
                 self.on_ready(conn, role, id, connected)
             }
             Message::Ready { .. } if running && joining => self.rejoin_ready(conn),
+            // Taking over, reports wait with what the EPNs hold until the run goes on.
+            Message::TfReport(r) if role == Role::Epn && self.gathered.is_some() => {
+                self.on_tfs_held(id, Vec::new(), vec![r])
+            }
             Message::TfReport(r) if role == Role::Epn => self.on_report(id, r),
             Message::StfDropped { tf_id, reason, .. } if role == Role::Flp => {
                 self.on_stf_dropped(tf_id, reason)
@@ -116,8 +120,10 @@ impl IcnCore {
             }
         }
         // The EPN keeps its report until the ICN has it (for a take-over): now it may
-        // forget it (the row, if any, is written before this leaves).
-        if let Some(&c) = self.epns.get(&epn) {
+        // forget it (the row, if any, is written before this leaves). After RunStop the
+        // EPNs read no more (a frame then could turn their close into a reset).
+        let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
+        if let Some(&c) = self.epns.get(&epn).filter(|_| !stopped) {
             self.send(c, Message::Release { tf_id });
         }
     }

@@ -381,6 +381,11 @@ impl IcnCore {
         self.phase
     }
 
+    /// Counts an error of the shell's (`errors.NAME`) with the core's.
+    pub fn metrics_error(&self, name: &str) {
+        self.metrics.error(name);
+    }
+
     /// Why the run could not be run, if it could not.
     pub fn fatal(&self) -> Option<&str> {
         self.fatal.as_deref()

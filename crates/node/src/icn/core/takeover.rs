@@ -29,6 +29,10 @@ pub struct Takeover {
     pub rows: Vec<TfRow>,
 }
 
+/// How far past the last row an id a node holds may be (nodes hold at most their
+/// buffers' worth of TFs; an id beyond is not this run's, and would cost memory).
+const MAX_AHEAD: u64 = 1 << 22;
+
 /// TF ids that ended, as bits from the run's first id (a long run stays small).
 #[derive(Default)]
 struct Ended {
@@ -67,11 +71,23 @@ pub(crate) struct Gathered {
     stfs: BTreeMap<TfId, Vec<(FlpId, u64, Option<EpnId>)>>,
     building: BTreeMap<TfId, EpnId>,
     reports: BTreeMap<TfId, (EpnId, TfReport)>,
+    /// EPNs that came back with their run (a TF stays only with one of them).
+    resumed: BTreeSet<EpnId>,
+    /// Ids a node may hold: this run's, and not absurdly far past the rows.
+    ids: std::ops::Range<TfId>,
+    /// Held ids refused as outside `ids`.
+    refused: u64,
 }
 
 impl Gathered {
-    fn saw(&mut self, tf: TfId) {
+    /// Notes an id some node holds: false (refused) when it cannot be this run's.
+    fn saw(&mut self, tf: TfId) -> bool {
+        if !self.ids.contains(&tf) {
+            self.refused += 1;
+            return false;
+        }
         self.max_id = self.max_id.max(Some(tf));
+        true
     }
 
     /// TFs some node holds that have no row: the failed ICN's TFs in flight. On-data,
@@ -99,19 +115,21 @@ impl Gathered {
 impl IcnCore {
     /// Counts the earlier ICNs' rows as this run's, and starts gathering.
     pub(super) fn take_over(&mut self, t: Takeover) {
+        let base = self.cfg.id_base;
+        let ids = base..base.saturating_add(self.cfg.run.total_tfs.unwrap_or(u64::MAX));
         let mut g = Gathered {
             ended: Ended {
-                base: self.cfg.id_base,
+                base,
                 bits: Vec::new(),
             },
+            ids,
             ..Gathered::default()
         };
         for row in &t.rows {
-            if g.ended.contains(row.tf_id) {
-                continue; // a repeated row counts once
+            if g.ended.contains(row.tf_id) || !g.saw(row.tf_id) {
+                continue; // a repeated row counts once; one of another run not at all
             }
             g.ended.insert(row.tf_id);
-            g.saw(row.tf_id);
             let bytes = match row.status {
                 TfStatus::Complete => self.tf_bytes(row.tf_id),
                 _ => 0,
@@ -123,6 +141,9 @@ impl IcnCore {
             }
         }
         self.next_tf = self.ids_used(&g);
+        // Nodes hold at most their buffers' worth past the last row.
+        let past = g.max_id.map_or(base, |m| m.saturating_add(1));
+        g.ids.end = g.ids.end.min(past.saturating_add(MAX_AHEAD));
         let line = format!(
             "took over run {} (take-over number {}) {:.3} s into it: {} TFs had ended",
             self.cfg.run_id,
@@ -150,7 +171,9 @@ impl IcnCore {
             return;
         };
         for h in list {
-            g.saw(h.tf_id);
+            if !g.saw(h.tf_id) {
+                continue;
+            }
             g.stfs
                 .entry(h.tf_id)
                 .or_default()
@@ -166,12 +189,16 @@ impl IcnCore {
             }
             return;
         };
+        g.resumed.insert(epn);
         for tf in building {
-            g.saw(tf);
-            g.building.insert(tf, epn);
+            if g.saw(tf) {
+                g.building.insert(tf, epn);
+            }
         }
         for r in reports {
-            g.saw(r.tf_id);
+            if !g.saw(r.tf_id) {
+                continue;
+            }
             // A complete report wins over another EPN's earlier verdict.
             let better = match g.reports.get(&r.tf_id) {
                 Some((_, old)) => old.status != TfStatus::Complete,
@@ -201,6 +228,14 @@ impl IcnCore {
             }
         }
         let lost = self.drop_unheld(&g, &flight);
+        if g.refused > 0 {
+            let line = format!(
+                "take-over: {} ids held by nodes are not this run's; ignored",
+                g.refused
+            );
+            self.log(Level::Warn, line.clone());
+            self.note(line);
+        }
         self.next_tf = self.ids_used(&g);
         self.announce_unassigned(&g, &flight);
         let t = self.now_us() as f64 / 1e6;
@@ -217,7 +252,7 @@ impl IcnCore {
     /// count what they scheduled.
     fn ids_used(&self, g: &Gathered) -> u64 {
         match (self.cfg.run.on_data(), g.max_id) {
-            (false, Some(max)) => (max + 1).saturating_sub(self.cfg.id_base),
+            (false, Some(max)) => max.saturating_add(1).saturating_sub(self.cfg.id_base),
             _ => self.ledger.issued,
         }
     }
@@ -238,7 +273,9 @@ impl IcnCore {
         }
         let queued = g.stfs.get(&tf).and_then(|v| v.iter().find_map(|s| s.2));
         let stays = g.building.get(&tf).copied().or(queued);
-        if let Some(epn) = stays.filter(|e| self.epns.contains_key(e)) {
+        // Only with an EPN that came back with its run (one restarted meanwhile has lost it).
+        let back = |e: &EpnId| self.epns.contains_key(e) && g.resumed.contains(e);
+        if let Some(epn) = stays.filter(back) {
             self.ledger.issue(tf, epn, now);
             self.dispatch(tf, epn);
             return Carried::Kept;
