@@ -6,10 +6,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::Stdio;
 use std::thread::JoinHandle;
 
-use common::{fanin, start_icn_in, u, Icn, Proc};
+use common::{start_icn_in, u, zk_node, Icn, Proc};
 use fanin_node::registry::zk_server::ZkServer;
 
 fn zk() -> ZkServer {
@@ -39,31 +38,11 @@ fn standby(dir: &Path, name: &'static str, url: &str) -> JoinHandle<Icn> {
     std::thread::spawn(move || icn(&dir, name, &url, true))
 }
 
-fn node(dir: &Path, role: &str, id: u32, url: &str) -> Proc {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join(format!("{role}-{id}.log")))
-        .unwrap();
-    Proc::spawn(
-        &format!("{} {id}", role.to_uppercase()),
-        fanin()
-            .args([role, "--registry", url, "--session-timeout-ms", "1000"])
-            .args(["--id", &id.to_string()])
-            .args(if role == "epn" {
-                vec!["--data-bind", "127.0.0.1:0"]
-            } else {
-                vec![]
-            })
-            .stdout(Stdio::null())
-            .stderr(log),
-    )
-}
-
+/// 3 EPNs and 2 FLPs that find the ICN in ZooKeeper.
 fn cluster(dir: &Path, url: &str) -> Vec<Proc> {
     (0..3)
-        .map(|i| node(dir, "epn", i, url))
-        .chain((0..2).map(|i| node(dir, "flp", i, url)))
+        .map(|i| zk_node(dir, "epn", i, url))
+        .chain((0..2).map(|i| zk_node(dir, "flp", i, url)))
         .collect()
 }
 

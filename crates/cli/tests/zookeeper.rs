@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 
 use common::{fanin, read_summary, tf_rows, u, Proc};
 use fanin_node::registry::zk_server::ZkServer;
@@ -31,25 +30,7 @@ fn icn(dir: &std::path::Path, name: &str, url: &str, toml: &str) -> common::Icn 
 }
 
 fn node(dir: &std::path::Path, role: &str, id: u32, url: &str) -> Proc {
-    Proc::spawn(
-        &format!("{} {id}", role.to_uppercase()),
-        fanin()
-            .args([role, "--registry", url, "--session-timeout-ms", "1000"])
-            .args(["--id", &id.to_string()])
-            .args(if role == "epn" {
-                vec!["--data-bind", "127.0.0.1:0"]
-            } else {
-                vec![]
-            })
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(dir.join(format!("{role}-{id}.log")))
-                    .unwrap(),
-            ),
-    )
+    common::zk_node(dir, role, id, url)
 }
 
 fn membership(s: &serde_json::Value) -> Vec<(String, String, String)> {

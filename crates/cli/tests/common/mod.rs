@@ -324,3 +324,27 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     s.read_to_string(&mut out).ok()?;
     Some(out.split_once("\r\n\r\n")?.1.to_string())
 }
+
+/// An FLP or EPN (`role`: "flp", "epn") that finds the ICN in ZooKeeper at `url`
+/// (session time-out 1 s), logging to `dir/ROLE-ID.log`.
+pub fn zk_node(dir: &Path, role: &str, id: u32, url: &str) -> Proc {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{role}-{id}.log")))
+        .unwrap();
+    let data = if role == "epn" {
+        vec!["--data-bind", "127.0.0.1:0"]
+    } else {
+        vec![]
+    };
+    Proc::spawn(
+        &format!("{} {id}", role.to_uppercase()),
+        fanin()
+            .args([role, "--registry", url, "--session-timeout-ms", "1000"])
+            .args(["--id", &id.to_string()])
+            .args(data)
+            .stdout(Stdio::null())
+            .stderr(log),
+    )
+}

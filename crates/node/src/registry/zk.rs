@@ -303,26 +303,17 @@ impl ZkRegistry {
     /// The current leader ICN's address for `run`, if one is elected.
     pub async fn leader(&self, run: &str) -> Result<Option<String>> {
         check_run(run)?;
-        let path = self.inner.leader_path(run);
-        let p = path.clone();
-        self.inner
-            .retry("get", &path, move |s| {
-                let p = p.clone();
-                async move {
-                    match s.client.get_data(&p).await {
-                        Ok((data, _)) => Ok(Some(utf8(&data))),
-                        Err(zkc::Error::NoNode) => Ok(None),
-                        Err(e) => Err(e),
-                    }
-                }
-            })
-            .await
+        self.text(self.inner.leader_path(run)).await
     }
 
     /// `run`'s state znode (see `icn::run_state`), if any ICN wrote one.
     pub async fn run_state(&self, run: &str) -> Result<Option<String>> {
         check_run(run)?;
-        let path = self.inner.state_path(run);
+        self.text(self.inner.state_path(run)).await
+    }
+
+    /// A znode's data as text (None: no such znode), retried across lost connections.
+    async fn text(&self, path: String) -> Result<Option<String>> {
         let p = path.clone();
         self.inner
             .retry("get", &path, move |s| {
