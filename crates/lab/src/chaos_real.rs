@@ -3,8 +3,9 @@
 //! and SIGSTOP of `fanin` processes, and the run's own files are held to the promises.
 //!
 //! Partitions, resets and slow links need network namespaces: a real case draws only
-//! kills and freezes. With ZooKeeper every other case also kills the ICN, whose standby
-//! takes the run over (the promises then hold across the take-over).
+//! kills and freezes. With ZooKeeper every other case also kills the ICN (-9) or freezes
+//! it past its session, and its standby takes the run over (the promises then hold
+//! across the take-over; a frozen ICN continued afterwards must stay silent).
 
 use std::path::{Path, PathBuf};
 
@@ -57,7 +58,7 @@ pub fn real_case(seed: u64) -> RealCase {
         });
     }
     if run.registry == fanin_node::config::Registry::ZooKeeper && (seed / 2).is_multiple_of(2) {
-        faults.push(icn_kill(seed, real_s));
+        faults.push(icn_fault(seed, real_s));
     }
     RealCase {
         seed,
@@ -67,15 +68,19 @@ pub fn real_case(seed: u64) -> RealCase {
     }
 }
 
-/// The ICN killed (-9) between 30 % and 70 % of the run, the moment drawn from the seed.
-fn icn_kill(seed: u64, real_s: f64) -> Fault {
-    let frac =
-        0.3 + 0.4 * ((seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11) as f64 / (1u64 << 53) as f64);
+/// The ICN killed (-9), or frozen for 2-4 s (past its session time-out), between 30 %
+/// and 70 % of the run; the moment and the freeze drawn from the seed.
+fn icn_fault(seed: u64, real_s: f64) -> Fault {
+    let draw = |k: u64| {
+        let bits = seed.wrapping_add(k).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+        bits as f64 / (1u64 << 53) as f64
+    };
+    let freeze = (seed / 4) % 2 == 1;
     Fault {
         node: "icn".into(),
-        action: Action::Kill,
-        at_s: Some(frac * real_s),
-        restart_after_s: None,
+        action: if freeze { Action::Stop } else { Action::Kill },
+        at_s: Some((0.3 + 0.4 * draw(0)) * real_s),
+        restart_after_s: freeze.then(|| 2.0 + 2.0 * draw(1)),
         after_tfs: None,
     }
 }

@@ -213,19 +213,25 @@ async fn follow(
         Ended::LostIcn(e) => {
             let err = lost_icn(Role::Epn, me, icn, e, metrics);
             if reg.is_some() {
-                *kept.borrow_mut() = Some(k);
+                keep(k, kept);
             }
             Err(err)
         }
         Ended::NotLeader(other) => {
             if reg.is_some() {
-                *kept.borrow_mut() = Some(k);
+                keep(k, kept);
             }
             Err(NodeError::LostIcn(format!(
                 "EPN {me}: ICN {icn} no longer leads (the registry names {other})"
             )))
         }
     }
+}
+
+/// Keeps the run for an ICN that takes it over; its build time-outs wait meanwhile.
+fn keep(k: KeptRun, kept: &std::cell::RefCell<Option<KeptRun>>) {
+    let _ = k.b_tx.try_send(BuildEvent::IcnAway(true));
+    *kept.borrow_mut() = Some(k);
 }
 
 /// Resumes a kept run with the ICN that took it over: tells what it builds and the
@@ -300,6 +306,7 @@ async fn take_part(
         connected: 0,
     };
     joined.ctl.send(ready).await.map_err(|e| lost(&e))?;
+    let _ = k.b_tx.send(BuildEvent::IcnAway(false)).await;
     Ok(true)
 }
 
@@ -479,7 +486,7 @@ impl BuildShell {
     }
 
     async fn build(&mut self, mut rx: mpsc::Receiver<BuildEvent>) -> anyhow::Result<()> {
-        let t0 = Instant::now();
+        let mut clock = BuildClock::new();
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -499,6 +506,10 @@ impl BuildShell {
                         let _ = tx.send(self.core.held());
                         continue;
                     }
+                    Some(BuildEvent::IcnAway(away)) => {
+                        clock.stop(away);
+                        continue;
+                    }
                     None => return Ok(()),
                 },
                 _ = tick.tick() => {
@@ -507,7 +518,7 @@ impl BuildShell {
                     Input::Tick { free_bytes }
                 }
             };
-            self.core.handle(t0.elapsed().as_micros() as u64, input);
+            self.core.handle(clock.now_us(), input);
             if self.carry_out().await? {
                 publish(self.core.builder(), &self.budget, &self.metrics);
                 return Ok(());
@@ -550,6 +561,42 @@ impl BuildShell {
             }
         }
         Ok(false)
+    }
+}
+
+/// The build task's clock: time since the run's start here, without the time the EPN
+/// had no ICN (build time-outs wait for a take-over).
+struct BuildClock {
+    t0: Instant,
+    stopped_at: Option<Instant>,
+    stopped: Duration,
+}
+
+impl BuildClock {
+    fn new() -> BuildClock {
+        BuildClock {
+            t0: Instant::now(),
+            stopped_at: None,
+            stopped: Duration::ZERO,
+        }
+    }
+
+    fn stop(&mut self, away: bool) {
+        match (away, self.stopped_at) {
+            (true, None) => self.stopped_at = Some(Instant::now()),
+            (false, Some(t)) => {
+                self.stopped += t.elapsed();
+                self.stopped_at = None;
+            }
+            _ => {}
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        let now = self.stopped_at.unwrap_or_else(Instant::now);
+        now.saturating_duration_since(self.t0)
+            .saturating_sub(self.stopped)
+            .as_micros() as u64
     }
 }
 
