@@ -127,11 +127,26 @@ async fn run_once(
     if let Some(k) = taken {
         return resume(k, joined, icn, leader, &metrics, reg, kept).await;
     }
+    match start(opts, &mut joined, icn, listener, &metrics).await? {
+        Some(k) => follow(k, joined, icn, leader, &metrics, reg, kept).await,
+        // Run control ended this run before it started: the next one, or exit.
+        None => Ok(joined.leave(Role::Epn, &metrics).await?),
+    }
+}
+
+/// A new run: the parameters, the data acceptor on `listener`, the build task, and
+/// Ready. None: run control ended the run before it started.
+async fn start(
+    opts: &EpnOptions,
+    joined: &mut crate::join::Joined,
+    icn: SocketAddr,
+    listener: Arc<TcpListener>,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<KeptRun>, NodeError> {
     let me = joined.me;
     let ctl_tx = joined.ctl.clone();
-    let Some(prep) = prerun(&mut joined.rd, me, icn, &metrics).await? else {
-        // Run control ended this run before it started: the next one, or exit.
-        return Ok(joined.leave(Role::Epn, &metrics).await?);
+    let Some(prep) = prerun(&mut joined.rd, me, icn, metrics).await? else {
+        return Ok(None);
     };
     let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
         .with_context(|| format!("EPN {me}: run parameters from ICN {icn}"))?;
@@ -153,7 +168,7 @@ async fn run_once(
         admission: crate::admission::Admission::new(prep.flps as usize),
     });
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener.clone(), ctx)));
-    let (core, sinks) = build_core(opts, me, &prep, &b_tx, &metrics)?;
+    let (core, sinks) = build_core(opts, me, &prep, &b_tx, metrics)?;
     let (ctl_watch, ctl) = tokio::sync::watch::channel(ctl_tx.clone());
     let shell = BuildShell {
         core,
@@ -170,16 +185,14 @@ async fn run_once(
         connected: 0,
     };
     ctl_tx.send(ready).await?;
-    drop(ctl_tx);
-    let k = KeptRun {
+    Ok(Some(KeptRun {
         run_id: prep.run_id,
         listener,
         _acceptor: acceptor,
         build_task,
         b_tx,
         ctl: ctl_watch,
-    };
-    follow(k, joined, icn, leader, &metrics, reg, kept).await
+    }))
 }
 
 /// Follows the ICN until the run ends for this EPN. Losing the ICN with a registry,

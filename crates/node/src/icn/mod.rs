@@ -80,6 +80,21 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     let (ev_tx, ev_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let acceptor = start_acceptor(&opts, listener, ev_tx, &metrics);
     let status = serve_live(&metrics);
+    let mut shell = shell_for(&opts, &mut lead, metrics, status)?;
+    let result = shell.event_loop(ev_rx, &mut lead).await;
+    acceptor.abort();
+    result?;
+    lead.end_run().await?;
+    shell.finish(opts.results_dir.as_deref())
+}
+
+/// The core of the run this ICN leads (new, or taken over), in its shell with its rows.
+fn shell_for(
+    opts: &IcnOptions,
+    lead: &mut Leadership,
+    metrics: Arc<Metrics>,
+    status: Arc<std::sync::Mutex<String>>,
+) -> anyhow::Result<Shell> {
     // Taking a run over, its time axis goes on: the shell's clock counts from its start.
     let takeover = lead.claim.as_mut().and_then(|c| c.takeover.take());
     let run_id = lead.claim.as_ref().map_or(opts.run_id, |c| c.state.run_id);
@@ -113,11 +128,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
         .and_then(|c| c.started_unix_us)
         .unwrap_or(0);
     shell.carry_out(); // what the take-over decided already (its log lines)
-    let result = shell.event_loop(ev_rx, &mut lead).await;
-    acceptor.abort();
-    result?;
-    lead.end_run().await?;
-    shell.finish(opts.results_dir.as_deref())
+    Ok(shell)
 }
 
 /// The results directory made and the configuration written into it, or a clear error.
@@ -545,31 +556,32 @@ impl Shell {
         }
     }
 
+    /// A frame to a connection; a failure to queue it comes back as an input.
+    fn send(&mut self, conn: ConnId, msg: Message) -> Option<Input> {
+        if self.failed.contains(&conn) {
+            return None;
+        }
+        // A TF's STFs are freed only once its row is in the file.
+        let frees = matches!(msg, Message::Release { .. } | Message::Abandon { .. });
+        if frees && !self.commit_rows() {
+            return None;
+        }
+        let c = self.conns.get(&conn)?;
+        let why = match c.tx.try_send(msg) {
+            Ok(()) => return None,
+            Err(mpsc::error::TrySendError::Full(_)) => "control queue full (peer not reading)",
+            Err(mpsc::error::TrySendError::Closed(_)) => "connection closed",
+        };
+        self.failed.insert(conn);
+        Some(Input::SendFailed {
+            conn,
+            why: why.into(),
+        })
+    }
+
     fn act(&mut self, action: Action) -> Option<Input> {
         match action {
-            Action::Send { conn, msg } => {
-                if self.failed.contains(&conn) {
-                    return None;
-                }
-                // A TF's STFs are freed only once its row is in the file.
-                let frees = matches!(msg, Message::Release { .. } | Message::Abandon { .. });
-                if frees && !self.commit_rows() {
-                    return None;
-                }
-                let c = self.conns.get(&conn)?;
-                let why = match c.tx.try_send(msg) {
-                    Ok(()) => return None,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        "control queue full (peer not reading)"
-                    }
-                    Err(mpsc::error::TrySendError::Closed(_)) => "connection closed",
-                };
-                self.failed.insert(conn);
-                return Some(Input::SendFailed {
-                    conn,
-                    why: why.into(),
-                });
-            }
+            Action::Send { conn, msg } => return self.send(conn, msg),
             Action::Close { conn } => {
                 self.conns.remove(&conn);
                 self.failed.remove(&conn);
