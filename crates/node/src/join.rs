@@ -240,6 +240,59 @@ pub async fn ended_meanwhile(
     ended
 }
 
+/// The leader znode to follow, with a registry: an ICN that no longer leads is left.
+pub async fn follow_leader(
+    reg: Option<&crate::registry::ZkRegistry>,
+) -> Option<tokio::sync::watch::Receiver<Option<String>>> {
+    let r = reg?;
+    match r.watch_leader(crate::registry::runtime::RUN).await {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            tracing::warn!("registry: cannot watch the leader: {e}");
+            None
+        }
+    }
+}
+
+/// Resolves when the leader znode names another ICN than `icn` (never without one).
+pub async fn leader_moved(
+    leader: Option<&mut tokio::sync::watch::Receiver<Option<String>>>,
+    icn: SocketAddr,
+) -> String {
+    let Some(rx) = leader else {
+        return std::future::pending().await;
+    };
+    let me = icn.to_string();
+    loop {
+        if let Some(other) = rx.borrow_and_update().clone().filter(|a| *a != me) {
+            return other;
+        }
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// The node left an ICN the registry no longer names as the leader.
+pub fn not_leading(role: Role, me: u32, icn: SocketAddr, other: &str) -> NodeError {
+    let name = role.name();
+    NodeError::LostIcn(format!(
+        "{name} {me}: ICN {icn} no longer leads (the registry names {other})"
+    ))
+}
+
+/// The handshake with an ICN taking the run over failed: the node tries again, its
+/// run still kept.
+pub fn lost_in_takeover(
+    role: Role,
+    me: u32,
+    icn: SocketAddr,
+    e: &dyn std::fmt::Display,
+) -> NodeError {
+    let name = role.name();
+    NodeError::LostIcn(format!("{name} {me}: ICN {icn} during the take-over: {e}"))
+}
+
 /// Who joins, and where: the ICN's address or the registry that names it.
 pub struct JoinSpec<'a> {
     pub role: Role,

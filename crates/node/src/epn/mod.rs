@@ -122,7 +122,7 @@ async fn run_once(
     // FLP of the new run can connect: they learn of this EPN only after this answer).
     let taken = kept.borrow_mut().take();
     let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
-    let leader = crate::flp::follow_leader(reg).await;
+    let leader = crate::join::follow_leader(reg).await;
     let mut joined = joined;
     if let Some(k) = taken {
         return resume(k, joined, icn, leader, &metrics, reg, kept).await;
@@ -223,28 +223,29 @@ async fn follow(
             Ok(joined.leave(Role::Epn, metrics).await?)
         }
         Ended::SinkFailed(e) => Err(NodeError::Fatal(e)),
-        Ended::LostIcn(e) => {
-            let err = lost_icn(Role::Epn, me, icn, e, metrics);
-            if reg.is_some() {
-                keep(k, kept);
-            }
-            Err(err)
-        }
-        Ended::NotLeader(other) => {
-            if reg.is_some() {
-                keep(k, kept);
-            }
-            Err(NodeError::LostIcn(format!(
-                "EPN {me}: ICN {icn} no longer leads (the registry names {other})"
-            )))
-        }
+        Ended::LostIcn(e) => keep(k, kept, reg, lost_icn(Role::Epn, me, icn, e, metrics)),
+        Ended::NotLeader(other) => keep(
+            k,
+            kept,
+            reg,
+            crate::join::not_leading(Role::Epn, me, icn, &other),
+        ),
     }
 }
 
-/// Keeps the run for an ICN that takes it over; its build time-outs wait meanwhile.
-fn keep(k: KeptRun, kept: &std::cell::RefCell<Option<KeptRun>>) {
-    let _ = k.b_tx.try_send(BuildEvent::IcnAway(true));
-    *kept.borrow_mut() = Some(k);
+/// The ICN is lost: with a registry the run is kept for an ICN that takes it over (its
+/// build time-outs wait meanwhile); `err` says why.
+fn keep(
+    k: KeptRun,
+    kept: &std::cell::RefCell<Option<KeptRun>>,
+    reg: Option<&ZkRegistry>,
+    err: NodeError,
+) -> Result<(), NodeError> {
+    if reg.is_some() {
+        let _ = k.b_tx.try_send(BuildEvent::IcnAway(true));
+        *kept.borrow_mut() = Some(k);
+    }
+    Err(err)
 }
 
 /// Resumes a kept run with the ICN that took it over: tells what it builds and the
@@ -281,9 +282,7 @@ async fn take_part(
     metrics: &Arc<Metrics>,
 ) -> Result<bool, NodeError> {
     let me = joined.me;
-    let lost = |e: &dyn std::fmt::Display| {
-        NodeError::LostIcn(format!("EPN {me}: ICN {icn} during the take-over: {e}"))
-    };
+    let lost = |e: &dyn std::fmt::Display| crate::join::lost_in_takeover(Role::Epn, me, icn, e);
     // First the new connection, then the snapshot: a report made in between is in both
     // (the ICN takes it once), none is in neither.
     let _ = k.ctl.send(joined.ctl.clone());
@@ -411,7 +410,7 @@ async fn follow_icn(
     loop {
         let frame = tokio::select! {
             f = read_frame(rd, MAX_CONTROL_BODY) => f,
-            other = crate::flp::leader_moved(leader.as_mut(), icn) => return Ended::NotLeader(other),
+            other = crate::join::leader_moved(leader.as_mut(), icn) => return Ended::NotLeader(other),
             // The build task ends early only when a sink cannot go on.
             r = &mut build_task.0 => return Ended::SinkFailed(match r {
                 Ok(Err(e)) => e,

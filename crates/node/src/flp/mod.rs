@@ -110,7 +110,7 @@ async fn run_once(
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
     let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
-    let leader = follow_leader(reg).await;
+    let leader = crate::join::follow_leader(reg).await;
     let started = match taken {
         Some(mut k) => match resume(&mut k, &mut joined, icn, metrics).await {
             Ok(true) => Some((k.shell, k.done)),
@@ -138,39 +138,6 @@ async fn run_once(
     result
 }
 
-/// The leader znode to follow, with a registry: an ICN that no longer leads is left.
-pub(crate) async fn follow_leader(
-    reg: Option<&ZkRegistry>,
-) -> Option<tokio::sync::watch::Receiver<Option<String>>> {
-    let r = reg?;
-    match r.watch_leader(crate::registry::runtime::RUN).await {
-        Ok(rx) => Some(rx),
-        Err(e) => {
-            tracing::warn!("registry: cannot watch the leader: {e}");
-            None
-        }
-    }
-}
-
-/// Resolves when the leader znode names another ICN than `icn` (never without one).
-pub(crate) async fn leader_moved(
-    leader: Option<&mut tokio::sync::watch::Receiver<Option<String>>>,
-    icn: SocketAddr,
-) -> String {
-    let Some(rx) = leader else {
-        return std::future::pending().await;
-    };
-    let me = icn.to_string();
-    loop {
-        if let Some(other) = rx.borrow_and_update().clone().filter(|a| *a != me) {
-            return other;
-        }
-        if rx.changed().await.is_err() {
-            return std::future::pending().await;
-        }
-    }
-}
-
 /// Resumes a kept run with the ICN that took it over: tells what it holds, takes the
 /// run parameters and EPN list, connects to the EPNs it does not reach, and is ready.
 async fn resume(
@@ -180,9 +147,7 @@ async fn resume(
     metrics: &Arc<Metrics>,
 ) -> Result<bool, NodeError> {
     let me = joined.me;
-    let lost = |e: &dyn std::fmt::Display| {
-        NodeError::LostIcn(format!("FLP {me}: ICN {icn} during the take-over: {e}"))
-    };
+    let lost = |e: &dyn std::fmt::Display| crate::join::lost_in_takeover(Role::Flp, me, icn, e);
     // The source waits for the new ICN's RunStart (it would drop announcements before).
     k.shell.source_live = false;
     let held = k.shell.core.held();
@@ -471,10 +436,8 @@ impl Shell {
                 Some((job, ok)) = done.recv() => Input::Sent { job, ok },
                 Some((epn, res)) = conns.recv() => self.connected(epn, res),
                 _ = heartbeat.tick() => Input::Heartbeat,
-                other = leader_moved(leader.as_mut(), icn) => {
-                    return Err(NodeError::LostIcn(format!(
-                        "FLP {me}: ICN {icn} no longer leads (the registry names {other})"
-                    )));
+                other = crate::join::leader_moved(leader.as_mut(), icn) => {
+                    return Err(crate::join::not_leading(Role::Flp, me, icn, &other));
                 }
                 ev = next_stf(self.source.as_mut(), room), if taking => self.take_stfs(ev),
             };
@@ -486,22 +449,8 @@ impl Shell {
             }
             if let Input::Control(Message::RunStart { run_id, elapsed_us }) = &input {
                 tracing::info!("FLP {me}: run {run_id} started ({elapsed_us} µs ago)");
-                match (self.source.as_mut(), &self.source_end) {
-                    // A run taken over goes on: the source already runs (or ended: the
-                    // new ICN is told so again).
-                    (Some(_), _) if self.source_started => {
-                        self.source_live = self.source_end.is_none();
-                    }
-                    (Some(s), _) => {
-                        s.start(Duration::from_micros(*elapsed_us));
-                        self.source_live = true;
-                        self.source_started = true;
-                    }
-                    (None, _) => {}
-                }
-                if let Some((ok, detail)) = self.source_end.clone() {
-                    self.feed(Input::SourceEnded { ok, detail }, &ctl, &conn_tx)
-                        .await;
+                if let Some(ended) = self.run_started(*elapsed_us) {
+                    self.feed(ended, &ctl, &conn_tx).await;
                 }
             }
             if self.feed(input, &ctl, &conn_tx).await {
@@ -512,6 +461,20 @@ impl Shell {
                 return Ok(leave(ctl, writer, me, Role::Flp, metrics).await?);
             }
         }
+    }
+
+    /// RunStart: the source starts where the run is. In a run taken over it runs (or
+    /// ended) already: it goes on, and an ended one is told to the new ICN again.
+    fn run_started(&mut self, elapsed_us: u64) -> Option<Input> {
+        if let Some(s) = self.source.as_mut() {
+            if !self.source_started {
+                s.start(Duration::from_micros(elapsed_us));
+                self.source_started = true;
+            }
+            self.source_live = self.source_end.is_none();
+        }
+        let (ok, detail) = self.source_end.clone()?;
+        Some(Input::SourceEnded { ok, detail })
     }
 
     /// Feeds one input and carries out the actions; true when the run stopped. Jobs a

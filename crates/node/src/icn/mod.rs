@@ -258,10 +258,11 @@ impl Leadership {
         };
         let r = r.connect().await?;
         // Become the leader first (a standby waits here), then take ids.
-        let waited = matches!(r.leader(RUN).await, Ok(Some(_)));
-        if let Ok(Some(other)) = r.leader(RUN).await {
+        let leader = r.leader(RUN).await.ok().flatten();
+        if let Some(other) = &leader {
             tracing::info!("ICN: standby; the ICN at {other} leads, waiting for leadership");
         }
+        let waited = leader.is_some();
         let lead = r.elect(RUN, &control.to_string()).await?;
         tracing::info!("ICN: elected leader in registry {}", r.url());
         let block = opts.run.total_tfs.unwrap_or(ID_BLOCK);

@@ -386,29 +386,3 @@ enum Carried {
     Kept,
     Moved,
 }
-
-impl TfRow {
-    /// A row read back from `tfs.csv`, as `TfCsv::line` wrote it (None: not one).
-    pub fn parse(line: &str) -> Option<TfRow> {
-        let f: Vec<&str> = line.trim_end().split(',').collect();
-        if f.len() != 7 {
-            return None;
-        }
-        let us = |s: &str| s.parse::<f64>().ok().map(|v| (v * 1e6).round() as u64);
-        let status = [TfStatus::Complete, TfStatus::Incomplete, TfStatus::Dropped]
-            .into_iter()
-            .find(|s| s.name() == f[5])?;
-        let reason = Reason::ALL.iter().copied().find(|r| r.name() == f[6])?;
-        Some(TfRow {
-            tf_id: f[0].parse().ok()?,
-            epn: match f[1] {
-                "" => None,
-                e => Some(e.parse().ok()?),
-            },
-            issued_us: us(f[2])?,
-            ended_us: us(f[3])?,
-            status,
-            reason,
-        })
-    }
-}
