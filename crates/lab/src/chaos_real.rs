@@ -41,6 +41,7 @@ pub fn real_case(seed: u64) -> RealCase {
         let node = match f.node {
             Peer::Flp(i) => format!("flp {i}"),
             Peer::Epn(i) => format!("epn {i}"),
+            Peer::Icn => "icn".into(),
         };
         // The same moment of the run, on the real run's clock.
         let at_s = Some(f.at_ms as f64 / sim_ms.max(1.0) * real_s);

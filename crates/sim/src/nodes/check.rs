@@ -24,15 +24,17 @@ pub fn violations(o: &Outcome, expect: Expect) -> Vec<String> {
     let mut v = run(o);
     v.extend(accounting(s));
     v.extend(rows(o));
-    for (tf, epns) in &o.seen.complete_reports {
-        if epns.len() > 1 {
+    for (tf, by) in &o.seen.complete_reports {
+        if by.len() > 1 {
+            let epns: Vec<u32> = by.iter().map(|b| b.0).collect();
             v.push(format!(
                 "TF {tf} completed {} times (EPNs {epns:?})",
-                epns.len()
+                by.len()
             ));
         }
     }
     v.extend(o.seen.over_limit.iter().cloned());
+    v.extend(o.seen.fenced.iter().cloned());
     v.extend(zero_loss(s, expect));
     v
 }
@@ -52,12 +54,13 @@ fn run(o: &Outcome) -> Vec<String> {
     }
     // On-data, TFs exist when their STFs do: a source that made fewer (a restarted
     // synthetic source skips what was due while its FLP was away) is not a loss; with
-    // no FLP lost, every TF planned must be issued there too.
+    // no FLP lost or run anew, every TF planned must be issued there too.
     let timer = o.schedule == fanin_node::config::ScheduleKind::Timer;
     let flp_lost = s
         .membership
         .iter()
-        .any(|m| m.node.starts_with("FLP") && m.kind == "lost");
+        .any(|m| m.node.starts_with("FLP") && m.kind == "lost")
+        || o.seen.sources_cut > 0;
     if (timer || !flp_lost) && s.planned_tfs.is_some_and(|n| s.issued != n) {
         v.push(format!(
             "issued {} of the {:?} TFs planned",
@@ -110,7 +113,8 @@ fn rows(o: &Outcome) -> Vec<String> {
         }
         if r.status == TfStatus::Complete {
             let reported = o.seen.complete_reports.get(&r.tf_id);
-            if !reported.is_some_and(|e| r.epn.is_some_and(|x| e.contains(&x))) {
+            let by = |x: u32| reported.is_some_and(|b| b.iter().any(|b| b.0 == x));
+            if !r.epn.is_some_and(by) {
                 v.push(format!(
                     "TF {} complete at EPN {:?}, which never reported it",
                     r.tf_id, r.epn

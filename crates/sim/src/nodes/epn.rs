@@ -3,7 +3,8 @@
 //!
 //! An incarnation joins, builds its core at Prepare, says Ready, ticks every 20 ms,
 //! takes arriving STFs into its byte-limited build buffer (no room: lost, named), and
-//! leaves with its counters once the core says it stopped.
+//! leaves with its counters once the core says it stopped. A run kept while its ICN is
+//! away goes on building on a stopped clock; the ICN taking over hears what it holds.
 
 use fanin_node::budget::ByteBudget;
 use fanin_node::config::check_prepare;
@@ -33,6 +34,14 @@ type Len = u64;
 pub struct EpnRun {
     pub core: EpnCore<Len>,
     budget: ByteBudget,
+    run_id: u64,
+    /// Its ICN is away (the run is kept): `true` once an ICN that took it over heard
+    /// what it holds.
+    away: Option<bool>,
+    /// The build clock stands while the ICN is away (as `fanin epn`'s): since when, and
+    /// how long it stood before.
+    stopped_at: Option<Time>,
+    stopped: Time,
 }
 
 impl World {
@@ -44,8 +53,11 @@ impl World {
     }
 
     pub fn epn_control(&mut self, i: u32, conn: ConnId, msg: Message) {
-        if self.epn_run(i).is_some() {
-            return self.epn_feed(i, conn, Input::Control(msg));
+        if let Some(run) = self.epn_run(i) {
+            if run.away.is_some() {
+                return self.epn_rejoining(i, conn, msg);
+            }
+            return self.epn_feed(i, Input::Control(msg));
         }
         match msg {
             Message::Prepare(p) => self.epn_prepare(i, conn, p),
@@ -70,6 +82,10 @@ impl World {
         let run = EpnRun {
             core: EpnCore::new(builder, None, metrics).with_pull(p.pull),
             budget: ByteBudget::new(limit),
+            run_id: p.run_id,
+            away: None,
+            stopped_at: None,
+            stopped: 0,
         };
         self.epns[i as usize].state = Some(EpnState::Running(Box::new(run)));
         let ready = Message::Ready {
@@ -84,13 +100,13 @@ impl World {
     pub fn epn_tick(&mut self, i: u32, conn: ConnId) {
         let Some(run) = self.epn_run(i) else { return };
         let free_bytes = run.budget.limit() - run.budget.used();
-        self.epn_feed(i, conn, Input::Tick { free_bytes });
+        self.epn_feed(i, Input::Tick { free_bytes });
         self.q.after(TICK, Ev::Tick { conn });
     }
 
     /// An STF arrived at the EPN incarnation `to` (if it still lives).
     pub fn arrived(&mut self, flp: u32, to: ConnId, job: StfJob) {
-        let Some(End::Epn(i)) = self.current(to) else {
+        let Some(End::Epn(i)) = self.holder(to) else {
             return;
         };
         let Some(run) = self.epn_run(i) else { return };
@@ -109,19 +125,28 @@ impl World {
                 reason: Reason::EpnBufferFull,
             }
         };
-        self.epn_feed(i, to, input);
+        self.epn_feed(i, input);
     }
 
-    fn epn_feed(&mut self, i: u32, conn: ConnId, input: Input<Len>) {
-        let now_us = self.q.now() / 1000;
+    /// Feeds the EPN's run one input and carries out its actions (frames
+    /// for the ICN go nowhere while it is away and the new one has not asked yet).
+    fn epn_feed(&mut self, i: u32, input: Input<Len>) {
+        let now = self.q.now();
+        let ctl = self.epns[i as usize].proc.conn;
         let Some(run) = self.epn_run(i) else { return };
+        let now_us = (run.stopped_at.unwrap_or(now) - run.stopped) / 1000;
+        let ctl = ctl.filter(|_| run.away != Some(false));
         run.core.handle(now_us, input);
         let actions: Vec<_> = std::iter::from_fn(|| run.core.poll_action()).collect();
         let building = run.core.builder().building();
         let mut stopped = false;
         for a in actions {
             match a {
-                Action::Control(m) | Action::ControlLossy(m) => self.send_icn(conn, m),
+                Action::Control(m) | Action::ControlLossy(m) => {
+                    if let Some(c) = ctl {
+                        self.send_icn(c, m);
+                    }
+                }
                 Action::Free(len) => self.epn_run(i).expect("running").budget.release(len),
                 Action::Deliver(_) => unreachable!("the nodes model's EPNs have no sinks"),
                 Action::Die { .. } => unreachable!("the nodes model kills by its faults"),
@@ -132,8 +157,68 @@ impl World {
             let line = format!("EPN {i}: {building} TFs in building, over {MAX_BUILDING}");
             self.seen.over_limit.push(line);
         }
-        if stopped {
-            self.leave(End::Epn(i), conn);
+        if let (true, Some(c)) = (stopped, ctl) {
+            self.leave(End::Epn(i), c);
+        }
+    }
+
+    /// Its ICN died or was deposed: the run is kept, its build clock stops.
+    pub fn epn_away(&mut self, i: u32, now: Time) {
+        if let Some(run) = self.epn_run(i) {
+            run.away = Some(false);
+            run.stopped_at.get_or_insert(now); // stopped already if the last ICN never went on
+        }
+    }
+
+    /// A frame while the run is kept: the answer to its Register (the ICN took the run
+    /// over: it tells what it builds and its reports not released; else the kept run
+    /// ends and a new one starts), then the run's parameters: Ready, the clock goes on.
+    fn epn_rejoining(&mut self, i: u32, conn: ConnId, msg: Message) {
+        let end = End::Epn(i);
+        let run = self.epn_run(i).expect("a kept run");
+        let (told, run_id) = (run.away == Some(true), run.run_id);
+        match msg {
+            Message::RegisterAck {
+                resume, run_id: id, ..
+            } if !told => {
+                self.registered(conn);
+                if !(resume && id == run_id) {
+                    return self.fresh_start(end, conn);
+                }
+                let run = self.epn_run(i).expect("a kept run");
+                run.away = Some(true);
+                let (building, reports) = run.core.held();
+                let line = format!(
+                    "EPN {i}: the run was taken over; it builds {:?}, reports {:?}",
+                    building,
+                    reports.iter().map(|r| r.tf_id).collect::<Vec<_>>()
+                );
+                self.seen.log.push(line);
+                let batch = fanin_proto::HELD_BATCH;
+                let parts = building.len().max(reports.len()).div_ceil(batch).max(1);
+                for k in 0..parts {
+                    let msg = Message::TfsHeld {
+                        building: part(&building, k, batch),
+                        reports: part(&reports, k, batch),
+                    };
+                    self.send_icn(conn, msg);
+                }
+            }
+            Message::Prepare(_) if told => {
+                let ready = Message::Ready {
+                    role: Role::Epn,
+                    node_id: i,
+                    connected: 0,
+                };
+                self.send_icn(conn, ready);
+                let now = self.q.now();
+                let run = self.epn_run(i).expect("a kept run");
+                run.away = None;
+                run.stopped += now - run.stopped_at.take().unwrap_or(now);
+            }
+            Message::RunStop { .. } => self.leave(end, conn),
+            Message::Reject { code, reason } => self.rejected(end, code.transient(), reason),
+            _ => {}
         }
     }
 
@@ -162,4 +247,9 @@ impl World {
         self.end_incarnation(end);
         self.proc_mut(end).gone = true;
     }
+}
+
+/// The `k`-th part of `v` in parts of `n` (empty past its end).
+fn part<T: Clone>(v: &[T], k: usize, n: usize) -> Vec<T> {
+    v.iter().skip(k * n).take(n).cloned().collect()
 }

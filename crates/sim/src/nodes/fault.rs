@@ -1,6 +1,6 @@
 //! Faults the nodes model injects, each at a simulated time and on one node: kills (with
 //! or without a restart), freezes, reset control or data connections, partitions, slow
-//! links, ZooKeeper session expiry.
+//! links, ZooKeeper session expiry; and kills and freezes of the ICN (its standby takes over).
 //!
 //! A schedule is a list of them, written in experiment files as `[[fault]]` tables and
 //! drawn at random by the chaos campaign; `describe` prints one as a line.
@@ -30,18 +30,22 @@ pub enum FaultKind {
     ExpireSession,
 }
 
-/// A node, as written in a fault: `"flp:0"`, `"epn:3"`.
+/// A node, as written in a fault: `"flp:0"`, `"epn:3"`, `"icn"` (the ICN leading then).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Peer {
     Flp(u32),
     Epn(u32),
+    Icn,
 }
 
 impl TryFrom<String> for Peer {
     type Error = String;
     fn try_from(s: String) -> Result<Peer, String> {
-        let bad = || format!("node {s:?}: expected flp:N or epn:N");
+        let bad = || format!("node {s:?}: expected flp:N, epn:N or icn");
+        if s == "icn" {
+            return Ok(Peer::Icn);
+        }
         let (role, id) = s.split_once(':').ok_or_else(bad)?;
         let id: u32 = id.parse().map_err(|_| bad())?;
         match role {
@@ -57,6 +61,7 @@ impl From<Peer> for String {
         match p {
             Peer::Flp(i) => format!("flp:{i}"),
             Peer::Epn(i) => format!("epn:{i}"),
+            Peer::Icn => "icn".into(),
         }
     }
 }
@@ -66,6 +71,7 @@ impl Peer {
         match self {
             Peer::Flp(i) => End::Flp(i),
             Peer::Epn(i) => End::Epn(i),
+            Peer::Icn => End::Icn,
         }
     }
 }
@@ -107,10 +113,14 @@ impl Fault {
         let exists = |p: Peer| match p {
             Peer::Flp(i) => i < flps,
             Peer::Epn(i) => i < epns,
+            Peer::Icn => true,
         };
         let bad = |p: Peer| format!("fault at {} ms: no {}", self.at_ms, p.end().name());
         if !exists(self.node) {
             return Err(bad(self.node));
+        }
+        if self.node == Peer::Icn {
+            return self.check_icn();
         }
         match self.kind {
             FaultKind::Partition { peer: Some(p), .. } if !exists(p) => Err(bad(p)),
@@ -120,6 +130,24 @@ impl Fault {
                 self.at_ms
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// The ICN takes kills and freezes (its standby takes the run over; a killed ICN does
+    /// not come back itself): the other kinds are written on the node they concern.
+    fn check_icn(&self) -> Result<(), String> {
+        match self.kind {
+            FaultKind::Kill { restart_ms: None } | FaultKind::Freeze { .. } => Ok(()),
+            FaultKind::Kill {
+                restart_ms: Some(_),
+            } => Err(format!(
+                "fault at {} ms: restart_ms is for FLPs and EPNs (the ICN's standby takes over)",
+                self.at_ms
+            )),
+            _ => Err(format!(
+                "fault at {} ms: the ICN takes kill or freeze (write the others on the node)",
+                self.at_ms
+            )),
         }
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! An incarnation joins (Prepare and EPN list), connects to every EPN, says Ready,
 //! heartbeats every 100 ms, writes STFs through the simulated network and leaves with
-//! its counters after RunStop once nothing is on the wire.
+//! its counters after RunStop once nothing is on the wire. A run kept while its ICN is
+//! away (a take-over) waits; the ICN taking over hears what it holds, and it goes on.
 
 use fanin_node::config::check_prepare;
 use fanin_node::flp::core::{Action, FlpCore, Input, StfJob};
@@ -39,6 +40,9 @@ impl FlpState {
 
 pub struct FlpRun {
     pub core: FlpCore,
+    run_id: u64,
+    /// Its ICN is away: the run is kept for the one that takes it over.
+    away: Option<Away>,
     /// The EPN incarnations (control connections) it has a data connection to.
     data: BTreeMap<EpnId, ConnId>,
     /// STFs on the wire.
@@ -46,6 +50,17 @@ pub struct FlpRun {
     pub stopping: bool,
     /// On-data: the synthetic source.
     pub source: Option<SimSource>,
+}
+
+/// A run kept while its ICN is away. As `fanin flp`'s kept run, its loop stands still:
+/// what its sends and connections report waits until the run goes on.
+#[derive(Default)]
+struct Away {
+    /// An ICN took the run over and heard what it holds: its parameters come next.
+    told: bool,
+    prep: Option<Prepare>,
+    list: Option<Vec<EpnEntry>>,
+    pending: VecDeque<Input>,
 }
 
 impl World {
@@ -57,11 +72,15 @@ impl World {
     }
 
     pub fn flp_control(&mut self, i: u32, conn: ConnId, msg: Message) {
-        if self.flp_run(i).is_some() {
-            if let Message::RunStart { elapsed_us, .. } = msg {
-                self.source_start(i, conn, elapsed_us);
+        if let Some(run) = self.flp_run(i) {
+            if run.away.is_some() {
+                return self.flp_rejoining(i, conn, msg);
             }
-            return self.flp_feed(i, conn, Input::Control(msg));
+            let key = self.flps[i as usize].proc.key.expect("a run has its key");
+            if let Message::RunStart { elapsed_us, .. } = msg {
+                self.source_start(i, key, elapsed_us);
+            }
+            return self.flp_feed(i, key, Input::Control(msg));
         }
         let Some(FlpState::Joining { prep, list }) = self.flps[i as usize].state.as_mut() else {
             return;
@@ -102,6 +121,9 @@ impl World {
             }
         }
         let metrics = self.metrics_of(End::Flp(i));
+        let slot = &mut self.flps[i as usize];
+        self.seen.sources_cut += u64::from(slot.runs > 0);
+        slot.runs += 1;
         let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
         let on_data = prep.schedule == Schedule::OnData;
         let source = on_data.then(|| SimSource::new(&prep, size));
@@ -115,6 +137,8 @@ impl World {
         .with_pull(prep.pull);
         let run = FlpRun {
             core,
+            run_id: prep.run_id,
+            away: None,
             data,
             writing: 0,
             stopping: false,
@@ -129,11 +153,11 @@ impl World {
     /// The EPN incarnation on `to` still lives (its listener takes connections; before
     /// its Prepare the FLP's handshake waits for it, as the runtime's does).
     pub fn epn_alive(&self, epn: EpnId, to: ConnId) -> bool {
-        self.epns[epn as usize].proc.conn == Some(to)
+        self.epns[epn as usize].proc.key == Some(to)
     }
 
     pub fn flp_connected(&mut self, conn: ConnId) {
-        let Some(End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.holder(conn) else {
             return;
         };
         let Some(run) = self.flp_run(i) else { return };
@@ -154,9 +178,17 @@ impl World {
         }
     }
 
-    /// Feeds the core one input, carries out its actions (a write that cannot start
-    /// comes back at once as a failed send), and leaves once stopped and idle.
-    pub fn flp_feed(&mut self, i: u32, conn: ConnId, input: Input) {
+    /// Feeds the core of the run on `key` one input, carries out its actions (a write
+    /// that cannot start comes back at once as a failed send), and leaves once stopped
+    /// and idle. While its ICN is away the input waits (a heartbeat is skipped).
+    pub fn flp_feed(&mut self, i: u32, key: ConnId, input: Input) {
+        let conn = key;
+        if let Some(away) = self.flp_run(i).and_then(|r| r.away.as_mut()) {
+            if !matches!(input, Input::Heartbeat) {
+                away.pending.push_back(input);
+            }
+            return;
+        }
         // As `fanin flp`: a held source asks again after any input but these.
         let retry = !matches!(input, Input::Flush | Input::Heartbeat);
         let mut inputs = VecDeque::from([input]);
@@ -176,7 +208,11 @@ impl World {
             self.seen.over_limit.push(line);
         }
         if done {
-            self.leave(End::Flp(i), conn);
+            let ctl = self.flps[i as usize]
+                .proc
+                .conn
+                .expect("a running FLP's connection");
+            self.leave(End::Flp(i), ctl);
         } else if retry {
             self.source_unhold(i, conn); // room may have been freed
         }
@@ -184,7 +220,11 @@ impl World {
 
     fn flp_act(&mut self, i: u32, conn: ConnId, a: Action) -> Option<Input> {
         match a {
-            Action::Control(m) | Action::ControlLossy(m) => self.send_icn(conn, m),
+            Action::Control(m) | Action::ControlLossy(m) => {
+                if let Some(ctl) = self.flps[i as usize].proc.conn {
+                    self.send_icn(ctl, m);
+                }
+            }
             Action::Queue(job) => return self.write_stf(i, conn, job),
             Action::Connect(e) => {
                 let to = self.data_addrs.get(&e.addr).copied().unwrap_or(0);
@@ -222,7 +262,7 @@ impl World {
 
     /// An STF left the FLP: it arrives if its connection still stands.
     pub fn written(&mut self, conn: ConnId, to: ConnId, job: StfJob, arrive: Time) {
-        let Some(End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.holder(conn) else {
             return;
         };
         let epn_alive = self.epn_alive(job.epn, to);
@@ -242,7 +282,7 @@ impl World {
     }
 
     pub fn data_connected(&mut self, conn: ConnId, epn: EpnId, to: ConnId) {
-        let Some(End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.holder(conn) else {
             return;
         };
         let ok = self.epn_alive(epn, to);
@@ -268,11 +308,17 @@ impl World {
         self.rejoin(end, REJOIN);
     }
 
-    /// Refused by the ICN: try again later when that can help, else give up.
+    /// Refused by the ICN: try again later when that can help (a kept run stays kept),
+    /// else give up.
     pub fn rejected(&mut self, end: End, transient: bool, reason: String) {
         self.seen
             .log
             .push(format!("{}: rejected: {reason}", end.name()));
+        let p = self.proc(end);
+        if transient && p.key.is_some() && p.key != p.conn {
+            self.proc_mut(end).conn = None;
+            return self.rejoin(end, 2 * REJOIN);
+        }
         self.end_incarnation(end);
         if transient {
             self.rejoin(end, 2 * REJOIN);
@@ -285,6 +331,111 @@ impl World {
     pub fn registered(&mut self, conn: ConnId) {
         if self.zk.is_some() {
             self.q.after(self.net.latency(), Ev::ZkCreate { conn });
+        }
+    }
+
+    /// Its ICN died or was deposed: the run is kept (its loop stands still).
+    pub fn flp_away(&mut self, i: u32) {
+        if let Some(run) = self.flp_run(i) {
+            run.away = Some(Away::default());
+            if let Some(s) = run.source.as_mut() {
+                s.paused = true; // until the new ICN's RunStart
+            }
+        }
+    }
+
+    fn flp_away_mut(&mut self, i: u32) -> &mut Away {
+        let run = self.flp_run(i).expect("a kept run");
+        run.away.as_mut().expect("its ICN away")
+    }
+
+    /// A frame while the run is kept: the answer to its Register (the ICN took the run
+    /// over: it tells what it holds; else the kept run ends and a new one starts), then
+    /// the run's parameters.
+    fn flp_rejoining(&mut self, i: u32, conn: ConnId, msg: Message) {
+        let end = End::Flp(i);
+        let told = self.flp_away_mut(i).told;
+        match msg {
+            Message::RegisterAck { resume, run_id, .. } if !told => {
+                self.registered(conn);
+                let run = self.flp_run(i).expect("a kept run");
+                if !(resume && run_id == run.run_id) {
+                    return self.fresh_start(end, conn);
+                }
+                let held = run.core.held();
+                self.flp_away_mut(i).told = true;
+                let line = format!(
+                    "FLP {i}: the run was taken over; it holds {} STFs",
+                    held.len()
+                );
+                self.seen.log.push(line);
+                for chunk in held.chunks(fanin_proto::HELD_BATCH) {
+                    self.send_icn(conn, Message::StfsHeld(chunk.to_vec()));
+                }
+            }
+            Message::Prepare(p) if told => self.flp_away_mut(i).prep = Some(p),
+            Message::EpnList(l) if told => self.flp_away_mut(i).list = Some(l),
+            Message::RunStop { .. } => self.leave(end, conn),
+            Message::Reject { code, reason } => self.rejected(end, code.transient(), reason),
+            _ => {}
+        }
+        let Some(away) = self.flp_run(i).and_then(|r| r.away.as_ref()) else {
+            return;
+        };
+        if let (Some(_), Some(list)) = (&away.prep, away.list.clone()) {
+            self.flp_resume(i, conn, list);
+        }
+    }
+
+    /// The ICN that took the run over sent its parameters: connections to the EPNs it
+    /// does not reach, Ready, and the run goes on with what waited.
+    fn flp_resume(&mut self, i: u32, conn: ConnId, list: Vec<EpnEntry>) {
+        for e in &list {
+            let to = self.data_addrs.get(&e.addr).copied();
+            let alive = to.is_some_and(|to| self.epn_alive(e.epn_id, to));
+            let run = self.flp_run(i).expect("a kept run");
+            if run.core.reaches(e.epn_id) && run.data.get(&e.epn_id) == to.as_ref() {
+                continue;
+            }
+            let Some(to) = to.filter(|_| alive) else {
+                // As `fanin flp`: lost in the take-over; the run stays kept.
+                let away = self.flp_away_mut(i);
+                (away.told, away.prep, away.list) = (false, None, None);
+                self.flps[i as usize].proc.conn = None;
+                self.close_from_node(conn, None);
+                return self.rejoin(End::Flp(i), REJOIN);
+            };
+            run.data.insert(e.epn_id, to);
+            run.core.connected_anew(e.epn_id);
+        }
+        let ready = Message::Ready {
+            role: Role::Flp,
+            node_id: i,
+            connected: list.len() as u32,
+        };
+        self.send_icn(conn, ready);
+        let run = self.flp_run(i).expect("a kept run");
+        let away = run.away.take().expect("its ICN away");
+        let key = self.flps[i as usize].proc.key.expect("a kept run's key");
+        for input in away.pending {
+            self.flp_feed(i, key, input);
+        }
+    }
+
+    /// The ICN did not take the kept run over: it ends, and a new one starts on `conn`
+    /// (an EPN's on the same data port).
+    pub fn fresh_start(&mut self, end: End, conn: ConnId) {
+        let old = self.proc(end).key.expect("a kept run's key");
+        self.proc_mut(end).key = Some(conn);
+        self.conn_key.insert(conn, conn);
+        match end {
+            End::Flp(i) => self.flps[i as usize].state = Some(FlpState::joining()),
+            End::Epn(i) => {
+                let addr = self.data_addr_of(old);
+                self.data_addrs.insert(addr, conn);
+                self.epns[i as usize].state = Some(super::epn::EpnState::Joining);
+            }
+            End::Icn => unreachable!("only nodes keep runs"),
         }
     }
 }

@@ -2,8 +2,9 @@
 //! and its incarnations (one per control connection); starts, kills, freezes and thaws.
 //!
 //! A kill ends the process (a restart is a new one); a lost ICN ends only the
-//! incarnation (the process joins again). A frozen process handles nothing: what
-//! reaches it waits, in order, for the thaw.
+//! incarnation (the process joins again), except across a take-over: an ICN that died
+//! or was deposed leaves the nodes' runs kept for its standby. A frozen process handles
+//! nothing: what reaches it waits, in order, for the thaw.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -20,6 +21,9 @@ use crate::engine::{Time, MS};
 pub struct Proc {
     /// The current incarnation's control connection.
     pub conn: Option<ConnId>,
+    /// The control connection its run's state began on: that state's data events name
+    /// it (a run kept across a take-over outlives its control connection).
+    pub key: Option<ConnId>,
     /// Which process this is: a kill makes the next start a new one.
     pub gen: u64,
     pub frozen_until: Time,
@@ -37,6 +41,8 @@ pub struct Proc {
 pub struct Slot<S> {
     pub proc: Proc,
     pub state: Option<S>,
+    /// Runs its processes began (a second one starts its source anew).
+    pub runs: u32,
 }
 
 impl<S> Default for Slot<S> {
@@ -44,6 +50,7 @@ impl<S> Default for Slot<S> {
         Slot {
             proc: Proc::default(),
             state: None,
+            runs: 0,
         }
     }
 }
@@ -84,12 +91,29 @@ impl World {
         (end != End::Icn && self.proc(end).conn == Some(conn)).then_some(end)
     }
 
+    /// The node whose run's state began on `key`, if that state is still its current one.
+    pub fn holder(&self, key: ConnId) -> Option<End> {
+        let end = *self.owner.get(&key)?;
+        (end != End::Icn && self.proc(end).key == Some(key)).then_some(end)
+    }
+
     /// The node's current incarnation ends (its state is gone; the process lives on).
     pub fn end_incarnation(&mut self, end: End) {
         self.proc_mut(end).conn = None;
+        self.proc_mut(end).key = None;
         match end {
             End::Flp(i) => self.flps[i as usize].state = None,
             End::Epn(i) => self.epns[i as usize].state = None,
+            End::Icn => {}
+        }
+    }
+
+    /// The node's run goes on without an ICN until one takes it over (`flp.rs`, `epn.rs`).
+    fn keep_run(&mut self, end: End) {
+        let now = self.q.now();
+        match end {
+            End::Flp(i) => self.flp_away(i),
+            End::Epn(i) => self.epn_away(i, now),
             End::Icn => {}
         }
     }
@@ -107,6 +131,8 @@ impl World {
         let Some(end) = self.current(conn) else {
             return;
         };
+        // With a registry, a node whose ICN died or was deposed looks for the leader again.
+        let icn_gone = self.zk.is_some() && !self.icns[self.conn_icn[&conn]].acts();
         let started = match end {
             End::Flp(i) => matches!(
                 self.flps[i as usize].state,
@@ -118,8 +144,14 @@ impl World {
             ),
             End::Icn => false,
         };
+        if started && icn_gone {
+            // Its run is kept for the ICN that takes it over.
+            self.proc_mut(end).conn = None;
+            self.keep_run(end);
+            return self.rejoin(end, REJOIN);
+        }
         self.end_incarnation(end);
-        if started {
+        if started || icn_gone {
             self.rejoin(end, REJOIN);
         } else {
             self.seen.log.push(format!(
@@ -133,8 +165,13 @@ impl World {
     /// SIGKILL: the process and its incarnation end; a new process starts after
     /// `restart_ms`, or never.
     pub fn kill(&mut self, end: End, restart_ms: Option<u64>) {
-        if let Some(conn) = self.proc(end).conn {
-            self.end_incarnation(end);
+        let conn = self.proc(end).conn;
+        if let End::Flp(i) = end {
+            // A process that had a run: its source ends with it.
+            self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
+        }
+        self.end_incarnation(end); // a run kept for a take-over too
+        if let Some(conn) = conn {
             self.close_from_node(conn, Some("connection reset by peer".into()));
         }
         let gen = self.proc(end).gen;
@@ -192,7 +229,7 @@ impl World {
         if frozen(f) {
             return Some(f);
         }
-        let e = self.current(to)?;
+        let e = self.holder(to)?;
         frozen(e).then_some(e)
     }
 

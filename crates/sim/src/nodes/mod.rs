@@ -10,6 +10,7 @@ pub mod check;
 mod epn;
 pub mod fault;
 mod flp;
+mod icn;
 mod life;
 pub mod net;
 mod source;
@@ -75,6 +76,11 @@ impl Scenario {
             f.check(self.run.flps, self.run.epns)
                 .map_err(anyhow::Error::msg)?;
             anyhow::ensure!(
+                zk || f.node != Peer::Icn,
+                "fault at {} ms: an ICN fault needs run.registry = \"zookeeper\" (its standby takes over through it)",
+                f.at_ms
+            );
+            anyhow::ensure!(
                 zk || f.kind != FaultKind::ExpireSession,
                 "fault at {} ms: expire-session needs run.registry = \"zookeeper\"",
                 f.at_ms
@@ -114,7 +120,7 @@ pub fn simulate(s: &Scenario) -> anyhow::Result<Outcome> {
         summary,
         rows: std::mem::take(&mut w.rows),
         ended,
-        fatal: w.icn.fatal().map(str::to_string),
+        fatal: w.icn().fatal().map(str::to_string),
         schedule: s.run.schedule,
         sim_ns: w.q.now(),
         events: w.q.processed,

@@ -22,7 +22,10 @@ pub struct SimSource {
     queued: bool,
     /// Waiting for room in the send buffer.
     pub held: bool,
-    ended: bool,
+    /// Its run is kept while the ICN is away: it reads on at the new ICN's RunStart.
+    pub paused: bool,
+    /// How it ended (told again to an ICN that takes the run over).
+    end: Option<(bool, String)>,
 }
 
 impl SimSource {
@@ -38,7 +41,8 @@ impl SimSource {
             next: 0,
             queued: false,
             held: false,
-            ended: false,
+            paused: false,
+            end: None,
         }
     }
 
@@ -55,9 +59,17 @@ impl World {
 
     /// RunStart: the detector's clock started `elapsed_us` ago (an FLP joining mid-run
     /// starts at the TF due now: the earlier ones are gone with the process before it).
+    /// In a run taken over it runs already: it goes on, and an end is told again.
     pub fn source_start(&mut self, i: u32, conn: ConnId, elapsed_us: u64) {
         let now = self.q.now();
         let Some(s) = self.source(i) else { return };
+        if s.t0.is_some() {
+            s.paused = false;
+            if let Some((ok, detail)) = s.end.clone() {
+                return self.flp_feed(i, conn, Input::SourceEnded { ok, detail });
+            }
+            return self.source_wake(i, conn, now);
+        }
         let elapsed = elapsed_us * 1000;
         s.t0 = Some(now.saturating_sub(elapsed));
         if let Some(first) = s.clock.first_at(elapsed as f64 / SEC as f64) {
@@ -68,7 +80,7 @@ impl World {
 
     fn source_wake(&mut self, i: u32, conn: ConnId, at: Time) {
         let Some(s) = self.source(i) else { return };
-        if !s.queued && !s.ended {
+        if !s.queued && s.end.is_none() {
             s.queued = true;
             self.q.at(at, Ev::Produce { conn });
         }
@@ -76,7 +88,7 @@ impl World {
 
     /// The source's next STF, if it is due and fits; else when it is due, or held.
     pub fn produce(&mut self, conn: ConnId) {
-        let Some(End::Flp(i)) = self.current(conn) else {
+        let Some(End::Flp(i)) = self.holder(conn) else {
             return;
         };
         let now = self.q.now();
@@ -84,12 +96,12 @@ impl World {
         let stopping = run.stopping;
         let Some(s) = run.source.as_mut() else { return };
         s.queued = false;
-        if stopping || s.ended || s.held {
+        if stopping || s.end.is_some() || s.held || s.paused {
             return;
         }
         if s.clock.ended(s.next) {
-            s.ended = true;
             let detail = format!("made all {} TFs", s.clock.total);
+            s.end = Some((true, detail.clone()));
             return self.flp_feed(i, conn, Input::SourceEnded { ok: true, detail });
         }
         let (tf, due) = (s.next, s.due(s.next));
@@ -99,11 +111,11 @@ impl World {
         let size = s.size.sample(s.seed, i, tf);
         if size > run.core.limit() {
             // As `fanin flp`'s source: an STF no send buffer can take fails the source.
-            s.ended = true;
             let limit = run.core.limit();
             let detail = format!(
                 "FLP {i}: source: an STF of {size} bytes is over --send-buffer {limit}: it can never be sent"
             );
+            run.source.as_mut().expect("a source").end = Some((false, detail.clone()));
             return self.flp_feed(i, conn, Input::SourceEnded { ok: false, detail });
         }
         if !run.core.has_room(size) {

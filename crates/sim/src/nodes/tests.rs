@@ -122,7 +122,10 @@ ms = 30
         "run = {}\n[[fault]]\nat_ms = 1\nnode = \"icn:0\"\nkind = \"freeze\"\nms = 1\n",
     )
     .unwrap_err();
-    assert!(e.to_string().contains("expected flp:N or epn:N"), "{e}");
+    assert!(
+        e.to_string().contains("expected flp:N, epn:N or icn"),
+        "{e}"
+    );
     s.faults[1].check(2, 3).unwrap();
     assert_eq!(
         s.faults[1].check(1, 3).unwrap_err(),
@@ -524,5 +527,76 @@ fn writes_blocked_on_a_frozen_epn_fail_when_it_is_killed() {
         counter(&o, "FLP 0", "errors.send_failed") > 0,
         "{:?}",
         o.summary.nodes
+    );
+}
+
+/// A 3 x 4 run with ZooKeeper (600 ms sessions) and re-assignment, with `faults`.
+fn with_zookeeper(faults: Vec<Fault>) -> Outcome {
+    let mut s = scenario(3, 4, 900, faults);
+    s.run.registry = fanin_node::config::Registry::ZooKeeper;
+    s.run.zk_session_timeout_ms = 600;
+    s.run.lease_ms = 5000;
+    simulate(&s).unwrap()
+}
+
+#[test]
+fn the_standby_takes_the_run_over_twice_and_loses_nothing() {
+    let kill = |at_ms| Fault {
+        at_ms,
+        node: Peer::Icn,
+        kind: FaultKind::Kill { restart_ms: None },
+    };
+    let o = with_zookeeper(vec![kill(300), kill(1200)]);
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    let took: Vec<&String> = o
+        .summary
+        .events
+        .iter()
+        .filter(|n| n.contains("take-over:"))
+        .collect();
+    assert_eq!(
+        took.len(),
+        1,
+        "the last ICN's events: {:?}",
+        o.summary.events
+    );
+    assert!(
+        o.seen
+            .log
+            .iter()
+            .filter(|l| l.contains("the standby takes the run over"))
+            .count()
+            == 2,
+        "{:?}",
+        o.seen.log
+    );
+    assert_eq!(o.summary.issued, 900);
+}
+
+#[test]
+fn a_frozen_icn_is_fenced_when_it_thaws() {
+    let freeze = |at_ms, ms| Fault {
+        at_ms,
+        node: Peer::Icn,
+        kind: FaultKind::Freeze { ms },
+    };
+    // Shorter than its session: it goes on as if nothing happened.
+    let o = with_zookeeper(vec![freeze(300, 200)]);
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    assert!(
+        !o.seen.log.iter().any(|l| l.contains("standby")),
+        "{:?}",
+        o.seen.log
+    );
+    // Longer: the standby takes over; the thawed ICN says nothing more.
+    let o = with_zookeeper(vec![freeze(300, 1500)]);
+    assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+    assert!(
+        o.seen
+            .log
+            .iter()
+            .any(|l| l.contains("ICN 0: lost leadership")),
+        "{:?}",
+        o.seen.log
     );
 }

@@ -1,24 +1,24 @@
 //! The nodes model's world: the ICN, FLP and EPN cores of fanin-node, unchanged, driven
 //! by one event queue in simulated time (no threads, no sockets, no clock).
 //!
-//! This file holds the loop, the ICN's side and the faults; `flp.rs` and `epn.rs` are
-//! the nodes' shells (what the tokio shells do with sockets, done with events here),
-//! `life.rs` their processes, `source.rs` the on-data source, `zk.rs` ZooKeeper.
+//! This file holds the loop and the faults; `icn.rs` holds the ICNs (leader, standby),
+//! `flp.rs` and `epn.rs` the nodes' shells (what the tokio shells do with sockets, done
+//! with events here), `life.rs` their processes, `source.rs` the on-data source, `zk.rs`
+//! ZooKeeper.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use fanin_node::config::{Checked, Registry};
-use fanin_node::icn::core::{Action, ConnId, CoreConfig, IcnCore, Input, Phase};
+use fanin_node::icn::core::{ConnId, Phase};
 use fanin_node::icn::ledger::TfRow;
-use fanin_node::metrics::Metrics;
 use fanin_node::Summary;
 use fanin_proto::{Message, Register, Role, TfStatus};
 
 use super::epn::EpnState;
-use super::fault::{Fault, FaultKind};
+use super::fault::{Fault, FaultKind, Peer};
 use super::flp::FlpState;
+use super::icn::{new_icn, IcnProc};
 use super::life::Slot;
 use super::net::{End, Net};
 use super::zk::SimZk;
@@ -52,7 +52,17 @@ pub enum Ev {
         err: Option<String>,
     },
     IcnWake {
+        icn: usize,
         gen: u64,
+    },
+    /// A frozen ICN's freeze `freeze` ends.
+    IcnThaw {
+        icn: usize,
+        freeze: u64,
+    },
+    /// The standby's election, if the leader `from` is still silent.
+    Elect {
+        from: usize,
     },
     ToNode {
         conn: ConnId,
@@ -109,23 +119,34 @@ pub enum Ev {
 /// What the world saw, for the promises' checks.
 #[derive(Default)]
 pub struct Seen {
-    /// Complete reports that reached the ICN, per TF: from which EPNs.
-    pub complete_reports: BTreeMap<u64, Vec<u32>>,
+    /// Complete reports that reached an ICN, per TF: from which EPN runs (EPN, the key
+    /// of its run's state; a run kept across a take-over tells its reports again).
+    pub complete_reports: BTreeMap<u64, BTreeSet<(u32, ConnId)>>,
     /// Breaches of a byte limit, as lines.
     pub over_limit: Vec<String>,
     pub faults_injected: u64,
     pub log: Vec<String>,
+    /// What an ICN did after it lost the lead (it must do nothing).
+    pub fenced: Vec<String>,
+    /// FLP runs cut short (killed, or begun anew): on-data, the TFs their sources would
+    /// have made do not exist (a source begun anew starts at the TF due then).
+    pub sources_cut: u64,
 }
 
 pub struct World {
     pub q: Queue<Ev>,
     pub net: Net,
     pub run: Checked,
-    pub icn: IcnCore,
-    /// Control connections the ICN has open, and whose they are.
-    pub icn_open: BTreeSet<ConnId>,
+    /// The ICNs, in the order they led the run; `leader` leads it now.
+    pub icns: Vec<IcnProc>,
+    pub leader: usize,
+    /// Whose each control connection is, to which ICN it goes, and the key of the run
+    /// state it serves.
     pub owner: BTreeMap<ConnId, End>,
-    wake: (u64, Option<Time>),
+    pub conn_icn: BTreeMap<ConnId, usize>,
+    pub conn_key: BTreeMap<ConnId, ConnId>,
+    /// When the run started (a standby's clock counts from there).
+    pub run_started_at: Option<Time>,
     next_conn: ConnId,
     pub flps: Vec<Slot<FlpState>>,
     pub epns: Vec<Slot<EpnState>>,
@@ -140,29 +161,21 @@ pub struct World {
 
 impl World {
     pub fn new(run: Checked, net: Net, faults: Vec<Fault>) -> World {
-        let metrics = Metrics::new("icn", None);
         let zk = (run.cfg.registry == Registry::ZooKeeper)
             .then(|| SimZk::new(run.cfg.zk_session_timeout_ms, run.cfg.zk_tick_ms));
-        let cfg = CoreConfig {
-            run: run.clone(),
-            run_id: 1,
-            id_base: 0,
-            registry_members: zk.as_ref().map(|z| z.members.clone()),
-            stopwatch_ns: || 0,
-            hold_start: false,
-            takeover: None,
-        };
-        let icn = IcnCore::new(cfg, metrics, Duration::ZERO);
+        let icn = new_icn(&run, zk.as_ref(), None, (0, 0));
         let mut w = World {
             q: Queue::new(),
             net,
             flps: (0..run.cfg.flps).map(|_| Slot::default()).collect(),
             epns: (0..run.cfg.epns).map(|_| Slot::default()).collect(),
             run,
-            icn,
-            icn_open: BTreeSet::new(),
+            icns: vec![icn],
+            leader: 0,
             owner: BTreeMap::new(),
-            wake: (0, None),
+            conn_icn: BTreeMap::new(),
+            conn_key: BTreeMap::new(),
+            run_started_at: None,
             next_conn: 0,
             data_addrs: BTreeMap::new(),
             faults,
@@ -183,23 +196,24 @@ impl World {
         for (i, f) in w.faults.iter().enumerate() {
             w.q.at(f.at_ms * MS, Ev::Fault(i));
         }
-        w.reschedule_wake();
+        w.reschedule_wake(0);
         w
     }
 
     /// Runs until the ICN is done or `limit` (simulated) passes; then its summary.
     pub fn run(&mut self, limit: Time) -> (Summary, bool) {
-        while self.icn.phase() != Phase::Done {
+        while self.icn().phase() != Phase::Done {
             let Some((t, ev)) = self.q.pop() else { break };
             if t > limit {
                 break;
             }
             self.dispatch(ev);
         }
-        let ended = self.icn.phase() == Phase::Done;
-        let now = Duration::from_nanos(self.q.now());
-        let summary = self.icn.finish(now);
-        self.drain_icn();
+        let k = self.leader;
+        let ended = self.icn().phase() == Phase::Done;
+        let now = self.icn_now(k);
+        let summary = self.icns[k].core.finish(now);
+        self.drain_icn(k);
         (summary, ended)
     }
 
@@ -208,31 +222,18 @@ impl World {
             self.proc_mut(end).deferred.push_back(ev);
             return;
         }
+        if let Some(k) = self.icn_frozen_target(&ev) {
+            return self.icn_defer(k, ev);
+        }
         match ev {
             Ev::Start { end, gen } => self.start(end, gen),
             Ev::Thaw { end, freeze } => self.thaw(end, freeze),
-            Ev::Register { conn, reg } => {
-                let peer = peer_addr(conn);
-                self.icn_open.insert(conn);
-                self.feed_icn(Input::Registered { conn, peer, reg });
-            }
-            Ev::ToIcn { conn, msg } => {
-                if self.icn_open.contains(&conn) {
-                    self.note_report(conn, &msg);
-                    self.feed_icn(Input::Msg { conn, msg });
-                }
-            }
-            Ev::IcnClosed { conn, err } => {
-                if self.icn_open.remove(&conn) {
-                    self.feed_icn(Input::Closed { conn, err });
-                }
-            }
-            Ev::IcnWake { gen } => {
-                if gen == self.wake.0 {
-                    self.wake.1 = None;
-                    self.feed_icn(Input::Timeout);
-                }
-            }
+            ev @ (Ev::Register { .. }
+            | Ev::ToIcn { .. }
+            | Ev::IcnClosed { .. }
+            | Ev::IcnWake { .. }) => self.icn_event(ev),
+            Ev::IcnThaw { icn, freeze } => self.thaw_icn(icn, freeze),
+            Ev::Elect { from } => self.elect(from),
             Ev::ToNode { conn, msg } => self.deliver(conn, msg),
             Ev::NodeClosed { conn } => self.node_closed(conn),
             Ev::Tick { conn } => self.tick(conn),
@@ -254,21 +255,33 @@ impl World {
     }
 
     /// A new incarnation of process `gen` of `end` (if that process still lives): a
-    /// fresh control connection, and its Register.
+    /// fresh control connection to the leading ICN, and its Register. A run kept for a
+    /// take-over stays (an EPN's data address with it).
     fn start(&mut self, end: End, gen: u64) {
         let p = self.proc(end);
         if p.gone || p.gen != gen || p.conn.is_some() {
             return;
         }
+        if self.icns[self.leader].dead {
+            // No ICN to reach until the standby is elected: it tries again.
+            return self.rejoin(end, REJOIN);
+        }
         self.next_conn += 1;
         let conn = self.next_conn;
         self.owner.insert(conn, end);
+        self.conn_icn.insert(conn, self.leader);
+        let key = *self.proc_mut(end).key.get_or_insert(conn);
         self.proc_mut(end).conn = Some(conn);
+        self.conn_key.insert(conn, key);
+        let kept = key != conn;
         let (role, id, data_addr) = match end {
             End::Flp(i) => {
-                self.flps[i as usize].state = Some(FlpState::joining());
+                if !kept {
+                    self.flps[i as usize].state = Some(FlpState::joining());
+                }
                 (Role::Flp, i, String::new())
             }
+            End::Epn(i) if kept => (Role::Epn, i, self.data_addr_of(key)),
             End::Epn(i) => {
                 self.epns[i as usize].state = Some(EpnState::Joining);
                 let addr = format!("10.2.{}.{}:{}", i / 256, i % 256, 1024 + conn % 60_000);
@@ -290,50 +303,12 @@ impl World {
         self.q.at(at, Ev::Register { conn, reg });
     }
 
-    pub fn feed_icn(&mut self, input: Input) {
-        self.icn.handle(Duration::from_nanos(self.q.now()), input);
-        self.drain_icn();
-        self.reschedule_wake();
-    }
-
-    fn drain_icn(&mut self) {
-        while let Some(a) = self.icn.poll_action() {
-            match a {
-                Action::Send { conn, msg } => {
-                    if self.icn_open.contains(&conn) {
-                        let to = self.owner[&conn];
-                        let at = self.net.control(self.q.now(), conn, End::Icn, to);
-                        self.q.at(at, Ev::ToNode { conn, msg });
-                    }
-                }
-                Action::Close { conn } => {
-                    if self.icn_open.remove(&conn) {
-                        let to = self.owner[&conn];
-                        let at = self.net.control(self.q.now(), conn, End::Icn, to);
-                        self.q.at(at, Ev::NodeClosed { conn });
-                    }
-                }
-                Action::Log { line, .. } => {
-                    let s = self.q.now() as f64 / 1e9;
-                    self.seen.log.push(format!("{s:.6} ICN: {line}"));
-                }
-                Action::TfEnded(row) => self.rows.push(row),
-                Action::EpnLoad { .. } | Action::RunStarted { .. } => {}
-            }
-        }
-    }
-
-    fn reschedule_wake(&mut self) {
-        let want = self.icn.poll_timeout().map(|d| {
-            let t = d.as_nanos().min(u128::from(u64::MAX)) as Time;
-            t.max(self.q.now())
-        });
-        if want != self.wake.1 {
-            self.wake = (self.wake.0 + 1, want);
-            if let Some(t) = want {
-                self.q.at(t, Ev::IcnWake { gen: self.wake.0 });
-            }
-        }
+    /// The data address of the EPN run on `key`.
+    pub fn data_addr_of(&self, key: ConnId) -> String {
+        let found = self.data_addrs.iter().find(|(_, &k)| k == key);
+        found
+            .map(|(a, _)| a.clone())
+            .expect("a kept EPN run has its address")
     }
 
     /// A frame from a node's incarnation on `conn` to the ICN.
@@ -350,15 +325,19 @@ impl World {
         self.q.at(at, Ev::IcnClosed { conn, err });
     }
 
-    fn note_report(&mut self, conn: ConnId, msg: &Message) {
-        if let (Message::TfReport(r), Some(End::Epn(e))) = (msg, self.owner.get(&conn)) {
-            if r.status == TfStatus::Complete {
-                self.seen
-                    .complete_reports
-                    .entry(r.tf_id)
-                    .or_default()
-                    .push(*e);
-            }
+    pub fn note_report(&mut self, conn: ConnId, msg: &Message) {
+        let Some(&End::Epn(e)) = self.owner.get(&conn) else {
+            return;
+        };
+        let key = self.conn_key[&conn];
+        let reports = match msg {
+            Message::TfReport(r) => std::slice::from_ref(r),
+            Message::TfsHeld { reports, .. } => reports,
+            _ => return,
+        };
+        for r in reports.iter().filter(|r| r.status == TfStatus::Complete) {
+            let by = self.seen.complete_reports.entry(r.tf_id).or_default();
+            by.insert((e, key));
         }
     }
 
@@ -371,7 +350,7 @@ impl World {
     }
 
     fn tick(&mut self, conn: ConnId) {
-        match self.current(conn) {
+        match self.holder(conn) {
             Some(End::Flp(i)) => self.flp_tick(i, conn),
             Some(End::Epn(i)) => self.epn_tick(i, conn),
             _ => {}
@@ -384,6 +363,9 @@ impl World {
         let now = self.q.now();
         self.seen.faults_injected += 1;
         self.seen.log.push(format!("fault {}", f.describe()));
+        if f.node == Peer::Icn {
+            return self.icn_fault(f.kind);
+        }
         match f.kind {
             FaultKind::Kill { restart_ms } => self.kill(end, restart_ms),
             FaultKind::Freeze { ms } => self.freeze(end, ms),

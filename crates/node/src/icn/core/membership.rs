@@ -492,6 +492,13 @@ impl IcnCore {
             Phase::Registering => {
                 self.log(Level::Info, format!("{name} left before the run: {why}"))
             }
+            // A take-over goes on without it (the run's TFs must all end here).
+            Phase::Preparing | Phase::Ready if self.gathered.is_some() => {
+                let line = format!("{name} left during the take-over's pre-run ({why}); the run goes on without it");
+                self.log(Level::Warn, line.clone());
+                self.note(line);
+                self.maybe_all_ready();
+            }
             Phase::Preparing | Phase::Ready => {
                 self.fatal = Some(format!("{name} left during the pre-run: {why}"));
                 self.phase = Phase::Done;

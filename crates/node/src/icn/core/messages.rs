@@ -81,9 +81,14 @@ impl IcnCore {
     }
 
     fn on_ready(&mut self, conn: ConnId, role: Role, id: u32, connected: u32) {
-        // The EPNs it was told of (a take-over may go on without some).
+        // The EPNs it was told of (a take-over may go on without some, even without
+        // one that left after it was told).
         let epns = self.epns.len() as u32;
-        if role == Role::Flp && connected != epns {
+        let short = match self.gathered {
+            Some(_) => connected < epns,
+            None => connected != epns,
+        };
+        if role == Role::Flp && short {
             self.fatal = Some(format!("FLP {id} connected to {connected} of {epns} EPNs"));
             self.phase = Phase::Done;
             return;
@@ -91,7 +96,13 @@ impl IcnCore {
         if let Some(p) = self.peers.get_mut(&conn) {
             p.ready = true;
         }
-        if !self.peers.values().all(|p| p.ready) {
+        self.maybe_all_ready();
+    }
+
+    /// Every node of the pre-run is ready: the run starts (a held one waits for START).
+    pub(super) fn maybe_all_ready(&mut self) {
+        let prerun = matches!(self.phase, Phase::Preparing);
+        if !prerun || self.peers.is_empty() || !self.peers.values().all(|p| p.ready) {
             return;
         }
         if self.cfg.hold_start {

@@ -157,7 +157,9 @@ impl IcnCore {
     }
 
     fn prerun_timed_out(&mut self) {
-        let some = !self.epns.is_empty() && !self.flps.is_empty();
+        // A take-over goes on with any EPN, even without FLPs (the run's TFs must end
+        // here, named); a new run needs both.
+        let some = !self.epns.is_empty() && (!self.flps.is_empty() || self.gathered.is_some());
         if self.gathered.is_some() && self.phase == Phase::Registering && some {
             // A take-over goes on with the nodes that came back; the rest may join later.
             let line = format!(

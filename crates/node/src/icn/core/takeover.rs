@@ -5,7 +5,8 @@
 //! the Release that lets FLPs free its STFs), or its STFs are still held by the FLPs,
 //! or an EPN is building it or reported it. At the start every such TF ends exactly
 //! once: as its EPN reported it, with the EPN building it, with the EPN it was queued
-//! for, or re-assigned by the policy; an id nobody holds any more is dropped `icn_lost`.
+//! for, or re-assigned by the policy; a timer id nobody holds is placed again with
+//! re-assignment on (FLPs make timer STFs at the Assign), else dropped `icn_lost`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -195,8 +196,17 @@ impl IcnCore {
                 g.building.insert(tf, epn);
             }
         }
+        let mut complete = Vec::new();
         for r in reports {
-            if !g.saw(r.tf_id) {
+            if !g.saw(r.tf_id) || g.ended.contains(r.tf_id) {
+                continue;
+            }
+            if r.status == TfStatus::Complete {
+                // Its end, written at once: should this ICN fail too before the run goes
+                // on, the next one finds the row (the EPN may be gone by then).
+                g.ended.insert(r.tf_id);
+                g.reports.remove(&r.tf_id);
+                complete.push(r);
                 continue;
             }
             // A complete report wins over another EPN's earlier verdict.
@@ -208,6 +218,20 @@ impl IcnCore {
                 g.reports.insert(r.tf_id, (epn, r));
             }
         }
+        for r in complete {
+            self.end_reported(epn, r);
+        }
+    }
+
+    /// A TF of the failed ICN ends as its EPN reported it.
+    fn end_reported(&mut self, epn: EpnId, r: TfReport) {
+        if self.cfg.run.on_data() {
+            // Scheduled: a late announcement of it is answered, never scheduled again.
+            self.ondata.sizes.insert(r.tf_id, r.bytes);
+            self.ondata.mark_scheduled(r.tf_id);
+        }
+        self.ledger.issue(r.tf_id, epn, self.now_us());
+        self.on_report(epn, r);
     }
 
     /// The run goes on: every TF the failed ICN had in flight gets its end or its EPN,
@@ -227,7 +251,8 @@ impl IcnCore {
                 Carried::Moved => moved += 1,
             }
         }
-        let lost = self.drop_unheld(&g, &flight);
+        let (unheld, lost) = self.unheld(&g, &flight);
+        moved += unheld;
         if g.refused > 0 {
             let line = format!(
                 "take-over: {} ids held by nodes are not this run's; ignored",
@@ -241,7 +266,7 @@ impl IcnCore {
         let t = self.now_us() as f64 / 1e6;
         let line = format!(
             "t={t:.3}s take-over: {} TFs were in flight: {reported} ended as their EPN reported, {kept} stay with their EPN, {moved} placed again, {lost} dropped (icn_lost); issuing goes on from TF {}",
-            flight.len(),
+            flight.len() as u64 + unheld + lost,
             self.cfg.id_base + self.next_tf
         );
         self.log(Level::Warn, line.clone());
@@ -280,6 +305,13 @@ impl IcnCore {
             self.dispatch(tf, epn);
             return Carried::Kept;
         }
+        self.place_again(tf);
+        Carried::Moved
+    }
+
+    /// A TF of the failed ICN goes to the policy again (re-assignment).
+    fn place_again(&mut self, tf: TfId) {
+        let now = self.now_us();
         match self.placer.replace(tf, self.tf_bytes(tf)) {
             Placed::Assigned(to) if self.epns.contains_key(&to) => {
                 self.ledger.issue(tf, to, now);
@@ -297,7 +329,6 @@ impl IcnCore {
                 self.ended(&row);
             }
         }
-        Carried::Moved
     }
 
     /// TFs that ended (their rows) whose STFs or reports nodes still hold: the failed
@@ -344,21 +375,30 @@ impl IcnCore {
     }
 
     /// Timer runs issue every id: one below the highest known that has no row and that
-    /// no node holds was issued by the failed ICN, and its data no longer exist.
-    fn drop_unheld(&mut self, g: &Gathered, flight: &BTreeSet<TfId>) -> u64 {
+    /// no node holds was issued by the failed ICN (pull mode: its transfers not granted
+    /// yet; or its EPN died). Timer STFs are made at the Assign, so with re-assignment it
+    /// is placed again (as a TF of a lost EPN is); without, it is dropped `icn_lost`.
+    /// Returns (placed again, dropped).
+    fn unheld(&mut self, g: &Gathered, flight: &BTreeSet<TfId>) -> (u64, u64) {
         let Some(max) = g.max_id.filter(|_| !self.cfg.run.on_data()) else {
-            return 0;
+            return (0, 0);
         };
         let now = self.now_us();
-        let mut lost = 0;
+        let (mut moved, mut lost) = (0, 0);
         for tf in self.cfg.id_base..=max {
-            if !g.ended.contains(tf) && !flight.contains(&tf) {
+            if g.ended.contains(tf) || flight.contains(&tf) {
+                continue;
+            }
+            if self.cfg.run.cfg.reassign {
+                self.place_again(tf);
+                moved += 1;
+            } else {
                 let row = self.ledger.issue_dropped(tf, Reason::IcnLost, now);
                 self.ended(&row);
                 lost += 1;
             }
         }
-        lost
+        (moved, lost)
     }
 
     /// On-data: STFs produced and not scheduled yet count as announced again.

@@ -46,7 +46,17 @@ fn releases(actions: &[Action], conn: u64) -> Vec<u64> {
 
 #[test]
 fn a_take_over_ends_every_tf_in_flight_once_and_issues_on_after_the_highest_id() {
-    let cfg = super::config(2, 3, |_| {});
+    take_over(true);
+}
+
+#[test]
+fn without_reassignment_ids_nobody_holds_are_dropped_icn_lost() {
+    take_over(false);
+}
+
+/// EPN 2 dies with the ICN; TFs 10..16 were in flight, 14 and 15 held by nobody.
+fn take_over(reassign: bool) {
+    let cfg = super::config(2, 3, |c| c.reassign = reassign);
     let mut h = H::make(cfg, 0, None, false, Some(earlier()));
     // EPN 2 died with the ICN; the others come back and say what they hold.
     for e in 0..2 {
@@ -72,8 +82,16 @@ fn a_take_over_ends_every_tf_in_flight_once_and_issues_on_after_the_highest_id()
         building,
         reports: vec![TfReport::complete(done, 2, 2048)],
     };
-    h.msg(epn_conn(0), tfs_held(vec![10], 13));
-    h.msg(epn_conn(1), tfs_held(vec![11], 16));
+    // A complete report ends its TF at once (this ICN may fail before the run goes on).
+    let a = h.msg(epn_conn(0), tfs_held(vec![10], 13));
+    assert_eq!(ended(&a), [(13, TfStatus::Complete, Reason::None)]);
+    assert_eq!(
+        releases(&a, epn_conn(0)),
+        [13],
+        "EPN 0 may forget its report"
+    );
+    let a = h.msg(epn_conn(1), tfs_held(vec![11], 16));
+    assert_eq!(ended(&a), [(16, TfStatus::Complete, Reason::None)]);
     // EPN 2 never returns: after the pre-run time-out the run goes on without it.
     assert_eq!(h.core.phase(), Phase::Registering);
     h.at(5_100);
@@ -84,27 +102,19 @@ fn a_take_over_ends_every_tf_in_flight_once_and_issues_on_after_the_highest_id()
     h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
     let a = h.msg(flp_conn(1), ready(Role::Flp, 1, 2));
     assert_eq!(h.core.phase(), Phase::Running);
-    // Reported ones end as reported; 14 and 15, which nobody holds, are lost with it.
+    // 14 and 15, which nobody holds: timer STFs are made at the Assign, so with
+    // re-assignment they are placed again; without, they are lost with the ICN.
     let mut e = ended(&a);
     e.sort_by_key(|x| x.0);
-    assert_eq!(
-        e,
-        [
-            (13, TfStatus::Complete, Reason::None),
-            (14, TfStatus::Dropped, Reason::IcnLost),
-            (15, TfStatus::Dropped, Reason::IcnLost),
-            (16, TfStatus::Complete, Reason::None),
-        ]
-    );
+    let lost = [
+        (14, TfStatus::Dropped, Reason::IcnLost),
+        (15, TfStatus::Dropped, Reason::IcnLost),
+    ];
+    assert_eq!(e, if reassign { &[][..] } else { &lost[..] });
     assert_eq!(
         releases(&a, flp_conn(0)),
         [13, 16],
         "the FLPs free what ended"
-    );
-    assert_eq!(
-        releases(&a, epn_conn(0)),
-        [13],
-        "EPN 0 may forget its report"
     );
     // In building: stays with its EPN; queued for the dead EPN 2: placed again.
     let placed = assigns(&a);
@@ -133,9 +143,14 @@ fn a_take_over_ends_every_tf_in_flight_once_and_issues_on_after_the_highest_id()
     h.at(t + 300);
     assert_eq!(h.core.phase(), Phase::Stopping);
     let s = h.finish();
-    assert_eq!((s.issued, s.completed), (100, 98), "{s:?}");
-    assert_eq!(s.dropped_by_reason.get("icn_lost"), Some(&2));
-    assert_eq!(s.reassigned, 1);
+    if reassign {
+        assert_eq!((s.issued, s.completed), (100, 100), "{s:?}");
+        assert!(placed.iter().any(|p| p.0 == 14) && placed.iter().any(|p| p.0 == 15));
+        assert_eq!(s.reassigned, 3, "12, 14, 15");
+    } else {
+        assert_eq!((s.issued, s.completed), (100, 98), "{s:?}");
+        assert_eq!(s.dropped_by_reason.get("icn_lost"), Some(&2));
+    }
 }
 
 #[test]
