@@ -319,6 +319,10 @@ impl World {
             self.proc_mut(end).conn = None;
             return self.rejoin(end, 2 * REJOIN);
         }
+        if let End::Flp(i) = end {
+            // It gives up: a source it ran ends with it.
+            self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
+        }
         self.end_incarnation(end);
         if transient {
             self.rejoin(end, 2 * REJOIN);
@@ -337,7 +341,9 @@ impl World {
     /// Its ICN died or was deposed: the run is kept (its loop stands still).
     pub fn flp_away(&mut self, i: u32) {
         if let Some(run) = self.flp_run(i) {
-            run.away = Some(Away::default());
+            // Away again before it went on (that ICN failed too): what waited still waits.
+            let away = run.away.get_or_insert_with(Away::default);
+            (away.told, away.prep, away.list) = (false, None, None);
             if let Some(s) = run.source.as_mut() {
                 s.paused = true; // until the new ICN's RunStart
             }

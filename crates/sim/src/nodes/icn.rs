@@ -32,6 +32,10 @@ pub struct IcnProc {
     pub dead: bool,
     /// Another ICN took the run over: this one is fenced.
     pub deposed: bool,
+    /// A deposed ICN learnt it lost the lead: from then on it must do nothing.
+    lost_lead: bool,
+    /// Since when it has been silent to ZooKeeper (frozen), for the session's expiry.
+    silent_since: Option<Time>,
     frozen_until: Time,
     freeze: u64,
     /// Events that reached it while frozen, in order.
@@ -47,14 +51,21 @@ impl IcnProc {
             wake: (0, None),
             dead: false,
             deposed: false,
+            lost_lead: false,
+            silent_since: None,
             frozen_until: 0,
             freeze: 0,
             deferred: VecDeque::new(),
         }
     }
 
-    /// Does it take inputs (neither dead nor fenced)?
+    /// Does it take inputs (not dead, and not told it lost the lead)?
     pub fn acts(&self) -> bool {
+        !self.dead && !self.lost_lead
+    }
+
+    /// Does it lead (alive and not deposed)?
+    pub fn leads(&self) -> bool {
         !self.dead && !self.deposed
     }
 }
@@ -107,15 +118,21 @@ impl World {
         self.reschedule_wake(k);
     }
 
-    /// Carries out ICN `k`'s actions. A fenced ICN must do nothing but log and close.
+    /// Carries out ICN `k`'s actions. A deposed ICN's rows go to its own file (no one
+    /// reads it) and its frames to connections its nodes closed; once it learnt it lost
+    /// the lead it must do nothing but log and close.
     pub fn drain_icn(&mut self, k: usize) {
         while let Some(a) = self.icns[k].core.poll_action() {
-            if self.icns[k].deposed && !matches!(a, Action::Log { .. } | Action::Close { .. }) {
+            let quiet = matches!(a, Action::Log { .. } | Action::Close { .. });
+            if self.icns[k].lost_lead && !quiet {
                 let s = self.q.now() as f64 / 1e9;
                 self.seen.fenced.push(format!(
                     "{s:.6} ICN {k} acted after it lost the lead: {a:?}"
                 ));
                 continue;
+            }
+            if self.icns[k].deposed && matches!(a, Action::TfEnded(_)) {
+                continue; // its own rows file
             }
             match a {
                 Action::Send { conn, msg } => {
@@ -228,6 +245,7 @@ impl World {
         let p = &mut self.icns[k];
         p.dead = true;
         p.deferred.clear();
+        (p.frozen_until, p.freeze) = (0, p.freeze + 1);
         let conns = self.conns_to(k);
         self.nodes_leave(conns, 0);
         let timeout = self
@@ -248,15 +266,13 @@ impl World {
         }
         p.frozen_until = p.frozen_until.max(now + ms * MS);
         p.freeze += 1;
+        let silent = *p.silent_since.get_or_insert(now);
         let (until, freeze) = (p.frozen_until, p.freeze);
         self.q.at(until, Ev::IcnThaw { icn: k, freeze });
-        let timeout = self
-            .zk
-            .as_ref()
-            .expect("checked: ICN faults need ZooKeeper")
-            .timeout;
-        if until > now + timeout {
-            self.q.after(timeout, Ev::Elect { from: k });
+        // Its session expires after a time-out of silence (freezes back to back add up).
+        let timeout = self.zk_timeout();
+        if until > silent + timeout {
+            self.q.at(silent + timeout, Ev::Elect { from: k });
         }
     }
 
@@ -283,24 +299,38 @@ impl World {
         }
     }
 
-    /// SIGCONT of ICN `k`: what waited is handled in order; a fenced one learns first
-    /// that it lost the lead, and what waited is nothing to it any more.
+    /// SIGCONT of ICN `k`: what waited is handled in order. A deposed one first finds
+    /// its session gone (the run goes on while no other ICN leads, it believes), and
+    /// learns one registry round trip later that another leads.
     pub fn thaw_icn(&mut self, k: usize, freeze: u64) {
         let p = &mut self.icns[k];
         if p.freeze != freeze {
             return;
         }
-        p.frozen_until = 0;
+        (p.frozen_until, p.silent_since) = (0, None);
         let waiting = std::mem::take(&mut p.deferred);
         if p.deposed {
-            let now = self.icn_now(k);
-            self.icns[k].core.handle(now, Input::LostLeadership);
-            self.drain_icn(k);
-            return;
+            let what = "lost the registry leadership (session ended)".to_string();
+            self.feed_icn_of(k, Input::RegistryOutage { lost: true, what });
+            self.q
+                .after(2 * self.net.latency(), Ev::IcnLostLead { icn: k });
         }
         for ev in waiting {
             self.dispatch(ev);
         }
+    }
+
+    /// The deposed ICN `k`'s re-election found another leader: it stops, fenced.
+    pub fn icn_lost_lead(&mut self, k: usize) {
+        self.feed_icn_of(k, Input::LostLeadership);
+        self.icns[k].lost_lead = true;
+    }
+
+    fn zk_timeout(&self) -> Time {
+        self.zk
+            .as_ref()
+            .expect("checked: ICN faults need ZooKeeper")
+            .timeout
     }
 
     /// Defers an event for the frozen ICN `k`.
@@ -315,6 +345,13 @@ impl World {
         let old = &self.icns[from];
         if from != self.leader || (!old.dead && old.frozen_until <= now) {
             return;
+        }
+        if !old.dead
+            && old
+                .silent_since
+                .is_some_and(|t| now < t + self.zk_timeout())
+        {
+            return; // a later freeze's election (its silence began later)
         }
         let origin = self.run_started_at.unwrap_or(now);
         let takeover = Takeover {

@@ -132,7 +132,7 @@ impl World {
             return;
         };
         // With a registry, a node whose ICN died or was deposed looks for the leader again.
-        let icn_gone = self.zk.is_some() && !self.icns[self.conn_icn[&conn]].acts();
+        let icn_gone = self.zk.is_some() && !self.icns[self.conn_icn[&conn]].leads();
         let started = match end {
             End::Flp(i) => matches!(
                 self.flps[i as usize].state,

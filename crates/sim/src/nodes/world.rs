@@ -64,6 +64,10 @@ pub enum Ev {
     Elect {
         from: usize,
     },
+    /// A deposed ICN's re-election attempt finds another leader.
+    IcnLostLead {
+        icn: usize,
+    },
     ToNode {
         conn: ConnId,
         msg: Message,
@@ -234,6 +238,7 @@ impl World {
             | Ev::IcnWake { .. }) => self.icn_event(ev),
             Ev::IcnThaw { icn, freeze } => self.thaw_icn(icn, freeze),
             Ev::Elect { from } => self.elect(from),
+            Ev::IcnLostLead { icn } => self.icn_lost_lead(icn),
             Ev::ToNode { conn, msg } => self.deliver(conn, msg),
             Ev::NodeClosed { conn } => self.node_closed(conn),
             Ev::Tick { conn } => self.tick(conn),

@@ -141,8 +141,10 @@ impl IcnCore {
         // The EPN keeps its report until the ICN has it (for a take-over): now it may
         // forget it (the row, if any, is written before this leaves). After RunStop the
         // EPNs read no more (a frame then could turn their close into a reset).
+        // Taking over, the EPN is in its pre-run: the Release waits for the start.
         let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
-        if let Some(&c) = self.epns.get(&epn).filter(|_| !stopped) {
+        let gathering = self.gathered.is_some();
+        if let Some(&c) = self.epns.get(&epn).filter(|_| !stopped && !gathering) {
             self.send(c, Message::Release { tf_id });
         }
     }

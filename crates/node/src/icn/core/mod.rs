@@ -410,10 +410,13 @@ impl IcnCore {
         self.ledger.pending()
     }
 
-    /// Microseconds since the run started (0 before).
+    /// Microseconds since the run started (0 before; an ICN taking a run over counts
+    /// on the run's own clock from the start, as its clock's origin is the run's).
     pub(crate) fn now_us(&self) -> u64 {
-        self.run_t0
-            .map(|t| self.now.saturating_sub(t).as_micros() as u64)
+        let t0 = self
+            .run_t0
+            .or(self.gathered.as_ref().map(|_| Duration::ZERO));
+        t0.map(|t| self.now.saturating_sub(t).as_micros() as u64)
             .unwrap_or(0)
     }
 

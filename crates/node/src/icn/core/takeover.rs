@@ -78,6 +78,9 @@ pub(crate) struct Gathered {
     ids: std::ops::Range<TfId>,
     /// Held ids refused as outside `ids`.
     refused: u64,
+    /// Reports of TFs that ended, to release at the start (an EPN in its pre-run reads
+    /// nothing but its parameters).
+    releases: Vec<(EpnId, TfId)>,
 }
 
 impl Gathered {
@@ -198,14 +201,21 @@ impl IcnCore {
         }
         let mut complete = Vec::new();
         for r in reports {
-            if !g.saw(r.tf_id) || g.ended.contains(r.tf_id) {
+            if !g.saw(r.tf_id) {
+                continue;
+            }
+            if g.ended.contains(r.tf_id) {
+                g.releases.push((epn, r.tf_id));
                 continue;
             }
             if r.status == TfStatus::Complete {
                 // Its end, written at once: should this ICN fail too before the run goes
                 // on, the next one finds the row (the EPN may be gone by then).
                 g.ended.insert(r.tf_id);
-                g.reports.remove(&r.tf_id);
+                if let Some((other, _)) = g.reports.remove(&r.tf_id) {
+                    g.releases.push((other, r.tf_id));
+                }
+                g.releases.push((epn, r.tf_id));
                 complete.push(r);
                 continue;
             }
@@ -223,14 +233,22 @@ impl IcnCore {
         }
     }
 
-    /// A TF of the failed ICN ends as its EPN reported it.
+    /// A TF of the failed ICN ends as its EPN reported it (while gathering: its
+    /// Release waits for the start).
     fn end_reported(&mut self, epn: EpnId, r: TfReport) {
+        let tf = r.tf_id;
         if self.cfg.run.on_data() {
             // Scheduled: a late announcement of it is answered, never scheduled again.
-            self.ondata.sizes.insert(r.tf_id, r.bytes);
-            self.ondata.mark_scheduled(r.tf_id);
+            self.ondata.sizes.insert(tf, r.bytes);
+            self.ondata.mark_scheduled(tf);
         }
-        self.ledger.issue(r.tf_id, epn, self.now_us());
+        self.ledger.issue(tf, epn, self.now_us());
+        // Ids stay ahead of what was issued (timer runs go on after the highest id).
+        let past = match self.cfg.run.on_data() {
+            false => (tf + 1).saturating_sub(self.cfg.id_base),
+            true => self.ledger.issued,
+        };
+        self.next_tf = self.next_tf.max(past);
         self.on_report(epn, r);
     }
 
@@ -341,8 +359,8 @@ impl IcnCore {
                 }
             }
         }
-        for (&tf, (epn, _)) in g.reports.iter().filter(|(&tf, _)| g.ended.contains(tf)) {
-            if let Some(&c) = self.epns.get(epn) {
+        for &(epn, tf) in &g.releases {
+            if let Some(&c) = self.epns.get(&epn) {
                 self.send(c, Message::Release { tf_id: tf });
             }
         }

@@ -85,11 +85,17 @@ fn take_over(reassign: bool) {
     // A complete report ends its TF at once (this ICN may fail before the run goes on).
     let a = h.msg(epn_conn(0), tfs_held(vec![10], 13));
     assert_eq!(ended(&a), [(13, TfStatus::Complete, Reason::None)]);
+    let row = a.iter().find_map(|x| match x {
+        Action::TfEnded(r) => Some(r.clone()),
+        _ => None,
+    });
     assert_eq!(
-        releases(&a, epn_conn(0)),
-        [13],
-        "EPN 0 may forget its report"
+        row.map(|r| r.ended_us),
+        Some(h.now.as_micros() as u64),
+        "on the run's clock"
     );
+    // The EPN reads nothing but its parameters in its pre-run: released at the start.
+    assert_eq!(releases(&a, epn_conn(0)), [] as [u64; 0]);
     let a = h.msg(epn_conn(1), tfs_held(vec![11], 16));
     assert_eq!(ended(&a), [(16, TfStatus::Complete, Reason::None)]);
     // EPN 2 never returns: after the pre-run time-out the run goes on without it.
@@ -115,6 +121,11 @@ fn take_over(reassign: bool) {
         releases(&a, flp_conn(0)),
         [13, 16],
         "the FLPs free what ended"
+    );
+    assert_eq!(
+        releases(&a, epn_conn(0)),
+        [13],
+        "EPN 0 may forget its report"
     );
     // In building: stays with its EPN; queued for the dead EPN 2: placed again.
     let placed = assigns(&a);
