@@ -374,6 +374,7 @@ impl World {
         ));
         self.icns.push(p);
         self.leader = self.icns.len() - 1;
+        self.seen.takeovers += 1;
         self.reschedule_wake(self.leader);
     }
 }

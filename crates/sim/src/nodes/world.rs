@@ -129,6 +129,9 @@ pub struct Seen {
     /// Breaches of a byte limit, as lines.
     pub over_limit: Vec<String>,
     pub faults_injected: u64,
+    /// Of them at the ICN, and the standby's take-overs they caused.
+    pub icn_faults: u64,
+    pub takeovers: u64,
     pub log: Vec<String>,
     /// What an ICN did after it lost the lead (it must do nothing).
     pub fenced: Vec<String>,
@@ -369,6 +372,7 @@ impl World {
         self.seen.faults_injected += 1;
         self.seen.log.push(format!("fault {}", f.describe()));
         if f.node == Peer::Icn {
+            self.seen.icn_faults += 1;
             return self.icn_fault(f.kind);
         }
         match f.kind {
