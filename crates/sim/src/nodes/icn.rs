@@ -4,8 +4,10 @@
 //! As in a run with `registry = "zookeeper"` and a standby started beside the leader: one
 //! session time-out after the leader died (or froze), its znode is gone and the standby
 //! takes the run over from the rows so far and what the nodes hold; the nodes follow the
-//! new leader. A frozen leader that thaws after that is fenced: it learns first that it
-//! lost the lead, and must then say nothing to anyone (checked).
+//! new leader. A frozen leader that thaws after that first finds its session gone (the
+//! run goes on while no other ICN leads, it believes: its rows go to its own file, its
+//! frames to connections the nodes closed), learns a registry round trip later that
+//! another ICN leads, and must then say nothing to anyone (checked).
 
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
@@ -59,9 +61,9 @@ impl IcnProc {
         }
     }
 
-    /// Does it take inputs (not dead, and not told it lost the lead)?
+    /// Does it take inputs (not dead; a fenced one too: it must then do nothing)?
     pub fn acts(&self) -> bool {
-        !self.dead && !self.lost_lead
+        !self.dead
     }
 
     /// Does it lead (alive and not deposed)?
@@ -153,7 +155,10 @@ impl World {
                     let s = self.q.now() as f64 / 1e9;
                     self.seen.log.push(format!("{s:.6} ICN {k}: {line}"));
                 }
-                Action::TfEnded(row) => self.rows.push(row),
+                Action::TfEnded(row) => {
+                    self.ended.insert(row.tf_id);
+                    self.rows.push(row);
+                }
                 Action::RunStarted { resumed } => {
                     if !resumed {
                         self.run_started_at = Some(self.q.now());
@@ -242,18 +247,17 @@ impl World {
         if self.icns[k].dead {
             return;
         }
+        let now = self.q.now();
         let p = &mut self.icns[k];
         p.dead = true;
         p.deferred.clear();
         (p.frozen_until, p.freeze) = (0, p.freeze + 1);
+        // Its session has been silent since it froze, if it did.
+        let silent = p.silent_since.take().unwrap_or(now);
         let conns = self.conns_to(k);
         self.nodes_leave(conns, 0);
-        let timeout = self
-            .zk
-            .as_ref()
-            .expect("checked: ICN faults need ZooKeeper")
-            .timeout;
-        self.q.after(timeout, Ev::Elect { from: k });
+        let at = (silent + self.zk_timeout()).max(now);
+        self.q.at(at, Ev::Elect { from: k });
     }
 
     /// SIGSTOP of the leader for `ms`: past its session time-out, the standby takes over.
@@ -308,22 +312,25 @@ impl World {
             return;
         }
         (p.frozen_until, p.silent_since) = (0, None);
-        let waiting = std::mem::take(&mut p.deferred);
+        let mut waiting = std::mem::take(&mut p.deferred);
         if p.deposed {
             let what = "lost the registry leadership (session ended)".to_string();
             self.feed_icn_of(k, Input::RegistryOutage { lost: true, what });
             self.q
                 .after(2 * self.net.latency(), Ev::IcnLostLead { icn: k });
+            // Its registry watch ended with its session: those snapshots are not its.
+            waiting.retain(|ev| !matches!(ev, Ev::ZkWatch(_)));
         }
         for ev in waiting {
             self.dispatch(ev);
         }
     }
 
-    /// The deposed ICN `k`'s re-election found another leader: it stops, fenced.
+    /// The deposed ICN `k`'s re-election found another leader: it stops, fenced (what
+    /// it does from here on is checked).
     pub fn icn_lost_lead(&mut self, k: usize) {
-        self.feed_icn_of(k, Input::LostLeadership);
         self.icns[k].lost_lead = true;
+        self.feed_icn_of(k, Input::LostLeadership);
     }
 
     fn zk_timeout(&self) -> Time {

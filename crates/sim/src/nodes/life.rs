@@ -159,6 +159,10 @@ impl World {
                 end.name()
             ));
             self.proc_mut(end).gone = true;
+            if let End::Flp(i) = end {
+                // A rejoining FLP that exits: the source it ran ends with it.
+                self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
+            }
         }
     }
 

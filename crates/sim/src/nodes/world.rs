@@ -163,6 +163,8 @@ pub struct World {
     /// `registry = "zookeeper"`: the simulated ZooKeeper.
     pub zk: Option<SimZk>,
     pub rows: Vec<TfRow>,
+    /// The TF ids of `rows`.
+    pub ended: BTreeSet<u64>,
     pub seen: Seen,
 }
 
@@ -188,6 +190,7 @@ impl World {
             faults,
             zk,
             rows: Vec::new(),
+            ended: BTreeSet::new(),
             seen: Seen::default(),
         };
         // EPNs first, FLPs 1 µs apart after them: registration order is fixed.
@@ -338,12 +341,20 @@ impl World {
             return;
         };
         let key = self.conn_key[&conn];
-        let reports = match msg {
-            Message::TfReport(r) => std::slice::from_ref(r),
-            Message::TfsHeld { reports, .. } => reports,
+        // A kept report of a TF that has its row is answered with a Release: no second
+        // completion in the ICN's books (the EPN built a copy while counted lost).
+        let reports: Vec<&fanin_proto::TfReport> = match msg {
+            Message::TfReport(r) => vec![r],
+            Message::TfsHeld { reports, .. } => reports
+                .iter()
+                .filter(|r| !self.ended.contains(&r.tf_id))
+                .collect(),
             _ => return,
         };
-        for r in reports.iter().filter(|r| r.status == TfStatus::Complete) {
+        for r in reports
+            .into_iter()
+            .filter(|r| r.status == TfStatus::Complete)
+        {
             let by = self.seen.complete_reports.entry(r.tf_id).or_default();
             by.insert((e, key));
         }

@@ -208,8 +208,9 @@ impl IcnCore {
         self.ondata.sizes.remove(&row.tf_id);
         self.transfers_of_tf_over(row.tf_id);
         let kept = self.cfg.run.on_data() || (self.cfg.run.cfg.reassign && row.epn.is_some());
+        // Taking over, the FLPs are in their pre-run: the start releases what ended.
         let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
-        if kept && !stopped {
+        if kept && !stopped && self.gathered.is_none() {
             self.send_to_flps(Message::Release { tf_id: row.tf_id });
         }
     }

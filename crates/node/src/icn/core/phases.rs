@@ -157,10 +157,9 @@ impl IcnCore {
     }
 
     fn prerun_timed_out(&mut self) {
-        // A take-over goes on with any EPN, even without FLPs (the run's TFs must end
-        // here, named); a new run needs both.
-        let some = !self.epns.is_empty() && (!self.flps.is_empty() || self.gathered.is_some());
-        if self.gathered.is_some() && self.phase == Phase::Registering && some {
+        // A take-over goes on with whoever came back, even nobody: the run's TFs must
+        // end here, named (no EPN: dropped `no_epn`; the rest may join later).
+        if self.gathered.is_some() && self.phase == Phase::Registering {
             // A take-over goes on with the nodes that came back; the rest may join later.
             let line = format!(
                 "take-over: {} of {} FLPs and {} of {} EPNs came back; going on with them",

@@ -70,7 +70,9 @@ pub(crate) struct Gathered {
     max_id: Option<TfId>,
     /// Per TF, the FLPs holding its STF: (FLP, size, EPN it was queued for).
     stfs: BTreeMap<TfId, Vec<(FlpId, u64, Option<EpnId>)>>,
-    building: BTreeMap<TfId, EpnId>,
+    /// Per TF, the EPNs building it (more than one when the failed ICN had moved it
+    /// away from an EPN it counted lost, and that EPN kept its run).
+    building: BTreeMap<TfId, Vec<EpnId>>,
     reports: BTreeMap<TfId, (EpnId, TfReport)>,
     /// EPNs that came back with their run (a TF stays only with one of them).
     resumed: BTreeSet<EpnId>,
@@ -80,7 +82,7 @@ pub(crate) struct Gathered {
     refused: u64,
     /// Reports of TFs that ended, to release at the start (an EPN in its pre-run reads
     /// nothing but its parameters).
-    releases: Vec<(EpnId, TfId)>,
+    releases: BTreeSet<(EpnId, TfId)>,
 }
 
 impl Gathered {
@@ -196,7 +198,7 @@ impl IcnCore {
         g.resumed.insert(epn);
         for tf in building {
             if g.saw(tf) {
-                g.building.insert(tf, epn);
+                g.building.entry(tf).or_default().push(epn);
             }
         }
         let mut complete = Vec::new();
@@ -205,7 +207,7 @@ impl IcnCore {
                 continue;
             }
             if g.ended.contains(r.tf_id) {
-                g.releases.push((epn, r.tf_id));
+                g.releases.insert((epn, r.tf_id));
                 continue;
             }
             if r.status == TfStatus::Complete {
@@ -213,19 +215,22 @@ impl IcnCore {
                 // on, the next one finds the row (the EPN may be gone by then).
                 g.ended.insert(r.tf_id);
                 if let Some((other, _)) = g.reports.remove(&r.tf_id) {
-                    g.releases.push((other, r.tf_id));
+                    g.releases.insert((other, r.tf_id));
                 }
-                g.releases.push((epn, r.tf_id));
+                g.releases.insert((epn, r.tf_id));
                 complete.push(r);
                 continue;
             }
-            // A complete report wins over another EPN's earlier verdict.
-            let better = match g.reports.get(&r.tf_id) {
-                Some((_, old)) => old.status != TfStatus::Complete,
-                None => true,
-            };
-            if better {
-                g.reports.insert(r.tf_id, (epn, r));
+            // Not complete: the first verdict stands (a complete one would end it at
+            // once); another EPN's is released at the start.
+            match g.reports.get(&r.tf_id) {
+                Some(&(other, _)) if other != epn => {
+                    g.releases.insert((epn, r.tf_id));
+                }
+                Some(_) => {}
+                None => {
+                    g.reports.insert(r.tf_id, (epn, r));
+                }
             }
         }
         for r in complete {
@@ -271,6 +276,7 @@ impl IcnCore {
         }
         let (unheld, lost) = self.unheld(&g, &flight);
         moved += unheld;
+        self.abandon_copies(&g);
         if g.refused > 0 {
             let line = format!(
                 "take-over: {} ids held by nodes are not this run's; ignored",
@@ -314,11 +320,15 @@ impl IcnCore {
             self.on_report(*epn, r.clone());
             return Carried::Reported;
         }
-        let queued = g.stfs.get(&tf).and_then(|v| v.iter().find_map(|s| s.2));
-        let stays = g.building.get(&tf).copied().or(queued);
-        // Only with an EPN that came back with its run (one restarted meanwhile has lost it).
+        // The EPN the FLPs queued it for is the failed ICN's last word; else one that
+        // builds it. Only one that came back with its run (a restarted one has lost it).
         let back = |e: &EpnId| self.epns.contains_key(e) && g.resumed.contains(e);
-        if let Some(epn) = stays.filter(back) {
+        let queued = g.stfs.get(&tf).and_then(|v| v.iter().find_map(|s| s.2));
+        let building = g.building.get(&tf).map_or(&[][..], |v| v.as_slice());
+        let stays = queued
+            .filter(back)
+            .or_else(|| building.iter().copied().find(back));
+        if let Some(epn) = stays {
             self.ledger.issue(tf, epn, now);
             self.dispatch(tf, epn);
             return Carried::Kept;
@@ -362,6 +372,23 @@ impl IcnCore {
         for &(epn, tf) in &g.releases {
             if let Some(&c) = self.epns.get(&epn) {
                 self.send(c, Message::Release { tf_id: tf });
+            }
+        }
+    }
+
+    /// EPNs building a TF that ended, or that goes on at another EPN, drop their copy
+    /// (no TF is built twice).
+    fn abandon_copies(&mut self, g: &Gathered) {
+        for (&tf, claimants) in &g.building {
+            let owner = self
+                .ledger
+                .assigned(tf)
+                .filter(|_| self.ledger.is_pending(tf));
+            for &e in claimants.iter().filter(|&&e| Some(e) != owner) {
+                if let Some(&c) = self.epns.get(&e) {
+                    let reason = Reason::EpnLost;
+                    self.send(c, Message::Abandon { tf_id: tf, reason });
+                }
             }
         }
     }

@@ -240,3 +240,35 @@ fn on_data_a_take_over_keeps_what_was_assigned_and_gathers_the_rest_again() {
     assert!(assigns(&late).is_empty(), "{late:?}");
     assert!(ended(&late).is_empty(), "{late:?}");
 }
+
+#[test]
+fn a_tf_building_at_two_epns_goes_on_where_the_flps_sent_it_and_the_other_drops_it() {
+    let cfg = super::config(1, 2, |_| {});
+    let mut h = H::make(cfg, 0, None, false, Some(earlier()));
+    for e in 0..2 {
+        h.register(epn_conn(e), Role::Epn, Some(e));
+    }
+    h.register(flp_conn(0), Role::Flp, Some(0));
+    // The failed ICN had moved TF 10 from EPN 0 (counted lost, but it kept its run) to
+    // EPN 1: the FLP queued it there last; both EPNs build it.
+    h.msg(flp_conn(0), Message::StfsHeld(vec![held(10, 1)]));
+    for e in 0..2 {
+        let building = Message::TfsHeld {
+            building: vec![10],
+            reports: vec![],
+        };
+        h.msg(epn_conn(e), building);
+    }
+    for e in 0..2 {
+        h.msg(epn_conn(e), ready(Role::Epn, e, 0));
+    }
+    let a = h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
+    assert_eq!(h.core.phase(), Phase::Running);
+    assert!(assigns(&a).contains(&(10, 1)), "{:?}", assigns(&a));
+    let abandon = Message::Abandon {
+        tf_id: 10,
+        reason: Reason::EpnLost,
+    };
+    assert!(to(&a, epn_conn(0)).contains(&abandon), "{a:?}");
+    assert!(!to(&a, epn_conn(1)).contains(&abandon), "{a:?}");
+}
