@@ -61,7 +61,7 @@ impl IcnProc {
         }
     }
 
-    /// Does it take inputs (not dead; a fenced one too: it must then do nothing)?
+    /// Does it take inputs (not dead: killed, or exited once fenced)?
     pub fn acts(&self) -> bool {
         !self.dead
     }
@@ -327,10 +327,11 @@ impl World {
     }
 
     /// The deposed ICN `k`'s re-election found another leader: it stops, fenced (what
-    /// it does from here on is checked).
+    /// it does on that news is checked), and its process exits, as `fanin icn` does.
     pub fn icn_lost_lead(&mut self, k: usize) {
         self.icns[k].lost_lead = true;
         self.feed_icn_of(k, Input::LostLeadership);
+        self.icns[k].dead = true;
     }
 
     fn zk_timeout(&self) -> Time {
