@@ -111,6 +111,20 @@ pub struct EpnCore<P> {
     pull: bool,
 }
 
+/// What an EPN holds, as the `TfsHeld` frames it tells an ICN taking over the run
+/// (`HELD_BATCH` TFs and reports at most per frame; one frame when it holds nothing).
+pub fn tfs_held(building: &[TfId], reports: &[TfReport]) -> Vec<Message> {
+    let n = fanin_proto::HELD_BATCH;
+    let frames = building.len().max(reports.len()).div_ceil(n).max(1);
+    let (mut b, mut r) = (building.chunks(n), reports.chunks(n));
+    (0..frames)
+        .map(|_| Message::TfsHeld {
+            building: b.next().unwrap_or_default().to_vec(),
+            reports: r.next().unwrap_or_default().to_vec(),
+        })
+        .collect()
+}
+
 impl<P> EpnCore<P> {
     pub fn new(builder: Builder<P>, die_after_tfs: Option<u64>, metrics: Arc<Metrics>) -> Self {
         EpnCore {
@@ -589,6 +603,30 @@ mod tests {
         let late = stf(&mut c, 0, 1, 1);
         assert!(matches!(late[..], [Action::Free(1)]), "{late:?}");
         assert_eq!(c.builder().counters.late_stfs, 1);
+    }
+
+    #[test]
+    fn what_an_epn_holds_goes_out_in_frames_of_held_batch() {
+        let n = fanin_proto::HELD_BATCH;
+        let building: Vec<TfId> = (0..2 * n as u64 + 1).collect();
+        let reports = vec![TfReport::complete(7, 1, 10)];
+        let frames = super::tfs_held(&building, &reports);
+        assert_eq!(frames.len(), 3);
+        let (mut b, mut r) = (Vec::new(), Vec::new());
+        for f in frames {
+            let Message::TfsHeld { building, reports } = f else {
+                panic!("{f:?}")
+            };
+            assert!(building.len() <= n && reports.len() <= n);
+            b.extend(building);
+            r.extend(reports);
+        }
+        assert_eq!((b, r), (building, reports));
+        assert_eq!(
+            super::tfs_held(&[], &[]).len(),
+            1,
+            "one frame when it holds nothing"
+        );
     }
 
     #[test]

@@ -299,13 +299,7 @@ async fn take_part(
         building.len(),
         reports.len()
     );
-    let batch = fanin_proto::HELD_BATCH;
-    let chunks = building.len().max(reports.len()).div_ceil(batch).max(1);
-    for i in 0..chunks {
-        let msg = Message::TfsHeld {
-            building: part(&building, i, batch),
-            reports: part(&reports, i, batch),
-        };
+    for msg in core::tfs_held(&building, &reports) {
         joined.ctl.send(msg).await.map_err(|e| lost(&e))?;
     }
     let prep = prerun(&mut joined.rd, me, icn, metrics).await;
@@ -320,11 +314,6 @@ async fn take_part(
     joined.ctl.send(ready).await.map_err(|e| lost(&e))?;
     let _ = k.b_tx.send(BuildEvent::IcnAway(false)).await;
     Ok(true)
-}
-
-/// The `i`-th part of `v` in parts of `n` (empty past its end).
-fn part<T: Clone>(v: &[T], i: usize, n: usize) -> Vec<T> {
-    v.iter().skip(i * n).take(n).cloned().collect()
 }
 
 /// Joins the run, announcing the data address FLPs reach `local` by.

@@ -194,13 +194,7 @@ impl World {
                     reports.iter().map(|r| r.tf_id).collect::<Vec<_>>()
                 );
                 self.seen.log.push(line);
-                let batch = fanin_proto::HELD_BATCH;
-                let parts = building.len().max(reports.len()).div_ceil(batch).max(1);
-                for k in 0..parts {
-                    let msg = Message::TfsHeld {
-                        building: part(&building, k, batch),
-                        reports: part(&reports, k, batch),
-                    };
+                for msg in fanin_node::epn::core::tfs_held(&building, &reports) {
                     self.send_icn(conn, msg);
                 }
             }
@@ -247,9 +241,4 @@ impl World {
         self.end_incarnation(end);
         self.proc_mut(end).gone = true;
     }
-}
-
-/// The `k`-th part of `v` in parts of `n` (empty past its end).
-fn part<T: Clone>(v: &[T], k: usize, n: usize) -> Vec<T> {
-    v.iter().skip(k * n).take(n).cloned().collect()
 }
