@@ -2,6 +2,7 @@
 //! builds TFs and reports each one to the ICN (complete, incomplete, or dropped).
 
 pub mod builder;
+pub mod clock;
 pub mod core;
 pub mod order;
 pub mod receiver;
@@ -488,7 +489,7 @@ impl BuildShell {
     }
 
     async fn build(&mut self, mut rx: mpsc::Receiver<BuildEvent>) -> anyhow::Result<()> {
-        let mut clock = BuildClock::new();
+        let mut clock = TaskClock::new();
         let mut tick = tokio::time::interval(Duration::from_millis(20));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
@@ -568,39 +569,30 @@ impl BuildShell {
     }
 }
 
-/// The build task's clock: time since the run's start here, without the time the EPN
-/// had no ICN (build time-outs wait for a take-over).
-struct BuildClock {
+/// The build task's clock on this process's time (`clock::BuildClock`).
+struct TaskClock {
     t0: Instant,
-    stopped_at: Option<Instant>,
-    stopped: Duration,
+    clock: clock::BuildClock,
 }
 
-impl BuildClock {
-    fn new() -> BuildClock {
-        BuildClock {
+impl TaskClock {
+    fn new() -> TaskClock {
+        TaskClock {
             t0: Instant::now(),
-            stopped_at: None,
-            stopped: Duration::ZERO,
+            clock: clock::BuildClock::default(),
         }
+    }
+
+    fn ns(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
     }
 
     fn stop(&mut self, away: bool) {
-        match (away, self.stopped_at) {
-            (true, None) => self.stopped_at = Some(Instant::now()),
-            (false, Some(t)) => {
-                self.stopped += t.elapsed();
-                self.stopped_at = None;
-            }
-            _ => {}
-        }
+        self.clock.stop(away, self.ns());
     }
 
     fn now_us(&self) -> u64 {
-        let now = self.stopped_at.unwrap_or_else(Instant::now);
-        now.saturating_duration_since(self.t0)
-            .saturating_sub(self.stopped)
-            .as_micros() as u64
+        self.clock.now_us(self.ns())
     }
 }
 

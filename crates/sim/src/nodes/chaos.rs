@@ -132,14 +132,18 @@ fn random_run(rng: &mut Pcg64, expect: Expect, link_gbps: f64) -> RunConfig {
         prerun_timeout_s: 10.0,
         ..RunConfig::default()
     };
-    // A quarter of the runs pull with transfer tokens, from the run's own seed (no draw
-    // of its own, so the cases drawn before pull mode existed stay as they were).
+    pull_by_seed(&mut run);
+    run
+}
+
+/// A quarter of the runs pull with transfer tokens, from the run's own seed (no draw of
+/// its own, so the cases drawn before pull mode existed stay as they were).
+fn pull_by_seed(run: &mut RunConfig) {
     if run.seed % 4 == 3 {
         run.transfer = fanin_node::config::Transfer::Pull;
         run.flp_tokens = 1 + (run.seed >> 8) as u32 % 3;
         run.epn_tokens = 1 + (run.seed >> 16) as u32 % 2;
     }
-    run
 }
 
 /// After the pre-run (it takes about a millisecond): a node lost in the pre-run makes

@@ -9,6 +9,7 @@
 use fanin_node::budget::ByteBudget;
 use fanin_node::config::check_prepare;
 use fanin_node::epn::builder::Builder;
+use fanin_node::epn::clock::BuildClock;
 use fanin_node::epn::core::{Action, EpnCore, Input};
 use fanin_node::flp::core::StfJob;
 use fanin_node::icn::core::ConnId;
@@ -38,10 +39,8 @@ pub struct EpnRun {
     /// Its ICN is away (the run is kept): `true` once an ICN that took it over heard
     /// what it holds.
     away: Option<bool>,
-    /// The build clock stands while the ICN is away (as `fanin epn`'s): since when, and
-    /// how long it stood before.
-    stopped_at: Option<Time>,
-    stopped: Time,
+    /// The build clock stands while the ICN is away (`fanin epn`'s own).
+    clock: BuildClock,
 }
 
 impl World {
@@ -84,8 +83,7 @@ impl World {
             budget: ByteBudget::new(limit),
             run_id: p.run_id,
             away: None,
-            stopped_at: None,
-            stopped: 0,
+            clock: BuildClock::default(),
         };
         self.epns[i as usize].state = Some(EpnState::Running(Box::new(run)));
         let ready = Message::Ready {
@@ -134,7 +132,7 @@ impl World {
         let now = self.q.now();
         let ctl = self.epns[i as usize].proc.conn;
         let Some(run) = self.epn_run(i) else { return };
-        let now_us = (run.stopped_at.unwrap_or(now) - run.stopped) / 1000;
+        let now_us = run.clock.now_us(now);
         let ctl = ctl.filter(|_| run.away != Some(false));
         run.core.handle(now_us, input);
         let actions: Vec<_> = std::iter::from_fn(|| run.core.poll_action()).collect();
@@ -166,7 +164,7 @@ impl World {
     pub fn epn_away(&mut self, i: u32, now: Time) {
         if let Some(run) = self.epn_run(i) {
             run.away = Some(false);
-            run.stopped_at.get_or_insert(now); // stopped already if the last ICN never went on
+            run.clock.stop(true, now); // stopped already if the last ICN never went on
         }
     }
 
@@ -208,7 +206,7 @@ impl World {
                 let now = self.q.now();
                 let run = self.epn_run(i).expect("a kept run");
                 run.away = None;
-                run.stopped += now - run.stopped_at.take().unwrap_or(now);
+                run.clock.stop(false, now);
             }
             Message::RunStop { .. } => self.leave(end, conn),
             Message::Reject { code, reason } => self.rejected(end, code.transient(), reason),

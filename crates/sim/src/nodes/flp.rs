@@ -121,9 +121,8 @@ impl World {
             }
         }
         let metrics = self.metrics_of(End::Flp(i));
-        let slot = &mut self.flps[i as usize];
-        self.seen.sources_cut += u64::from(slot.runs > 0);
-        slot.runs += 1;
+        self.cut_source(End::Flp(i)); // a run begun anew starts its source anew
+        self.flps[i as usize].runs += 1;
         let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
         let on_data = prep.schedule == Schedule::OnData;
         let source = on_data.then(|| SimSource::new(&prep, size));
@@ -319,10 +318,7 @@ impl World {
             self.proc_mut(end).conn = None;
             return self.rejoin(end, 2 * REJOIN);
         }
-        if let End::Flp(i) = end {
-            // It gives up: a source it ran ends with it.
-            self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
-        }
+        self.cut_source(end); // it gives up
         self.end_incarnation(end);
         if transient {
             self.rejoin(end, 2 * REJOIN);

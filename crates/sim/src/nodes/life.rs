@@ -118,6 +118,14 @@ impl World {
         }
     }
 
+    /// An FLP process that had a run ends (killed, or gives up): its source ends with it
+    /// (on-data, the TFs it would have made do not exist).
+    pub fn cut_source(&mut self, end: End) {
+        if let End::Flp(i) = end {
+            self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
+        }
+    }
+
     /// The process joins again after `after` (its incarnation ended).
     pub fn rejoin(&mut self, end: End, after: Time) {
         let gen = self.proc(end).gen;
@@ -159,10 +167,7 @@ impl World {
                 end.name()
             ));
             self.proc_mut(end).gone = true;
-            if let End::Flp(i) = end {
-                // A rejoining FLP that exits: the source it ran ends with it.
-                self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
-            }
+            self.cut_source(end); // a rejoining FLP that exits
         }
     }
 
@@ -170,10 +175,7 @@ impl World {
     /// `restart_ms`, or never.
     pub fn kill(&mut self, end: End, restart_ms: Option<u64>) {
         let conn = self.proc(end).conn;
-        if let End::Flp(i) = end {
-            // A process that had a run: its source ends with it.
-            self.seen.sources_cut += u64::from(self.flps[i as usize].runs > 0);
-        }
+        self.cut_source(end);
         self.end_incarnation(end); // a run kept for a take-over too
         if let Some(conn) = conn {
             self.close_from_node(conn, Some("connection reset by peer".into()));
