@@ -368,3 +368,167 @@ fn a_testbed_run_without_root_says_so_before_anything_runs() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(!dir.path().join("results").exists(), "nothing written");
 }
+
+/// The faults.json of the one run under `dir`.
+fn faults_json(dir: &std::path::Path) -> serde_json::Value {
+    let found = walk(dir)
+        .into_iter()
+        .find(|p| p.ends_with("faults.json"))
+        .unwrap_or_else(|| panic!("no faults.json under {}", dir.display()));
+    serde_json::from_str(&std::fs::read_to_string(found).unwrap()).unwrap()
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            v.extend(walk(&p));
+        } else {
+            v.push(p);
+        }
+    }
+    v
+}
+
+/// A partition from the ICN makes it lose the EPN (its lease runs out) and take it back
+/// when healed; a reset makes it lose the FLP at once; a slow link is applied and undone;
+/// every TF is accounted for, and no filter or rate is left behind.
+#[test]
+fn network_faults_part_reset_and_slow_real_links() {
+    if !root_or_skip("network_faults_part_reset_and_slow_real_links") {
+        return;
+    }
+    let name = "fbt-net";
+    let _tb = Testbed::up(name, &["--hosts", "4", "--rate", "1gbit", "--aux", "true"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let exp = dir.join("exp.toml");
+    std::fs::write(
+        &exp,
+        format!(
+            r#"
+name = "testbed-faults"
+[run]
+flps = 1
+epns = 2
+rate_hz = 50
+tfs = 350
+stf_size = "20000"
+[testbed]
+name = "{name}"
+control = "aux"
+icn = 1
+flps = [2]
+epns = [3, 4]
+[[fault]]
+node = "epn 0"
+action = "partition"
+at_s = 1.0
+for_s = 2.5
+[[fault]]
+node = "epn 1"
+action = "slow"
+rate = "2mbit"
+at_s = 1.0
+for_s = 2.0
+[[fault]]
+node = "flp 0"
+action = "reset"
+at_s = 4.5
+"#
+        ),
+    )
+    .unwrap();
+    let out = fanin()
+        .args(["run", exp.to_str().unwrap(), "--iperf-seconds", "0"])
+        .arg("--results")
+        .arg(dir.join("results"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("invariant ok"), "{text}");
+    let f = faults_json(&dir.join("results"));
+    let f = f.as_array().unwrap();
+    assert_eq!(f.len(), 3, "{f:?}");
+    for r in f {
+        assert!(r.get("error").is_none(), "{r}");
+        assert!(r["at_s"].is_number(), "not applied: {r}");
+    }
+    let part = &f[0];
+    assert_eq!(part["action"], "partition", "{part}");
+    // The default lease is 1000 ms; it was parted for 2.5 s, then back.
+    let detect = part["detect_ms"].as_f64().expect("EPN 0 lost");
+    assert!((500.0..2500.0).contains(&detect), "{part}");
+    assert!(
+        part["rejoin_ms"].is_number(),
+        "EPN 0 never rejoined: {part}"
+    );
+    let reset = &f[2];
+    assert!(reset["detect_ms"].is_number(), "FLP 0 not lost: {reset}");
+    // Healed: no filter is left on any host link, every class is back at 1 Gbit/s.
+    for h in 1..=4 {
+        let ns = format!("{name}-h{h}");
+        for dev in ["eth0", "eth1"] {
+            let out = Command::new("tc")
+                .args(["-n", &ns, "filter", "show", "dev", dev])
+                .output()
+                .unwrap();
+            let filters = String::from_utf8_lossy(&out.stdout);
+            assert!(filters.trim().is_empty(), "{ns} {dev}: {filters}");
+            let out = Command::new("tc")
+                .args(["-n", &ns, "class", "show", "dev", dev, "classid", "1:1"])
+                .output()
+                .unwrap();
+            let class = String::from_utf8_lossy(&out.stdout);
+            assert!(class.contains("rate 1Gbit"), "{ns} {dev}: {class}");
+        }
+    }
+}
+
+/// `fanin chaos --real --testbed`: the campaign's cases with partitions, resets, slow
+/// links and session expiry on real links, on a testbed it makes and removes itself.
+#[test]
+fn the_real_campaign_parts_and_resets_links_on_its_testbed() {
+    if !root_or_skip("the_real_campaign_parts_and_resets_links_on_its_testbed") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fanin()
+        .args([
+            "chaos",
+            "--real",
+            "--testbed",
+            "--first",
+            "1",
+            "--seeds",
+            "3",
+        ])
+        .arg("--results")
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("real seeds 3 on the testbed, violations 0"),
+        "{text}"
+    );
+    for kind in ["partition", "reset", "slow", "expire-session"] {
+        assert!(text.contains(&format!("{kind} ")), "no {kind}: {text}");
+    }
+    assert!(
+        owned("fanin-chaos").is_empty(),
+        "{:?}",
+        owned("fanin-chaos")
+    );
+}

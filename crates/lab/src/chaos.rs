@@ -30,6 +30,10 @@ pub struct ChaosArgs {
     /// SIGSTOP of `fanin` processes (a few seconds per seed).
     #[arg(long)]
     pub real: bool,
+    /// --real: on the campaign's own testbed (as root; created and removed), where a case
+    /// also parts, slows and resets the network and expires ZooKeeper sessions.
+    #[arg(long, requires = "real")]
+    pub testbed: bool,
     /// --real: the runs' directories go under this one (`chaos-real-<seed>/`).
     #[arg(long, default_value = "results")]
     pub results: std::path::PathBuf,
@@ -55,16 +59,16 @@ async fn real(a: &ChaosArgs) -> anyhow::Result<()> {
         None => (a.first..a.first.saturating_add(a.seeds)).collect(),
     };
     let t0 = Instant::now();
+    let tb = match a.testbed {
+        true => Some(crate::chaos_real::CampaignTestbed::up()?),
+        false => None,
+    };
     let mut failed = Vec::new();
     for &seed in &seeds {
-        let c = crate::chaos_real::real_case(seed);
+        let c = crate::chaos_real::real_case(seed, tb.is_some());
         let dir = crate::chaos_real::case_dir(&a.results, seed);
-        let v = crate::chaos_real::run_real(&c, &dir).await?;
-        let faults: Vec<String> = c
-            .faults
-            .iter()
-            .map(|f| format!("{} {}", f.action.name(), f.node))
-            .collect();
+        let v = crate::chaos_real::run_real(&c, &dir, tb.as_ref()).await?;
+        let faults: Vec<String> = c.faults.iter().map(fault_word).collect();
         println!(
             "seed {seed}: {} FLPs x {} EPNs, {}, faults [{}], {:?}: {}",
             c.run.flps,
@@ -80,24 +84,35 @@ async fn real(a: &ChaosArgs) -> anyhow::Result<()> {
         );
         if !v.is_empty() {
             println!(
-                "  files: {}; replay: fanin chaos --real --seed {seed}",
-                dir.display()
+                "  files: {}; replay: fanin chaos --real{} --seed {seed}",
+                dir.display(),
+                if a.testbed { " --testbed" } else { "" }
             );
             failed.push(seed);
         }
     }
     println!(
-        "real seeds {}, violations {}, wall {:.1} s",
+        "real seeds {}{}, violations {}, wall {:.1} s",
         seeds.len(),
+        if a.testbed { " on the testbed" } else { "" },
         failed.len(),
         t0.elapsed().as_secs_f64()
     );
     match failed.first() {
         None => Ok(()),
         Some(s) => bail!(
-            "{} real seeds broke a promise; the first: fanin chaos --real --seed {s}",
-            failed.len()
+            "{} real seeds broke a promise; the first: fanin chaos --real{} --seed {s}",
+            failed.len(),
+            if a.testbed { " --testbed" } else { "" }
         ),
+    }
+}
+
+/// `partition flp 0-epn 2`, `kill epn 1`: a real case's fault in a word or two.
+fn fault_word(f: &crate::faults::Fault) -> String {
+    match &f.peer {
+        Some(p) => format!("{} {}-{p}", f.action.name(), f.node),
+        None => format!("{} {}", f.action.name(), f.node),
     }
 }
 

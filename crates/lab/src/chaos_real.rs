@@ -1,11 +1,13 @@
-//! `fanin chaos --real`: the campaign's cases against real processes on loopback. Each
-//! seed's sim case is scaled to a short real run, its kills and freezes become SIGKILL
-//! and SIGSTOP of `fanin` processes, and the run's own files are held to the promises.
+//! `fanin chaos --real`: the campaign's cases against real processes. Each seed's sim
+//! case is scaled to a short real run, its faults become `fanin run` faults, and the
+//! run's own files are held to the promises.
 //!
-//! Partitions, resets and slow links need network namespaces: a real case draws only
-//! kills and freezes. With ZooKeeper every other case also kills the ICN (-9) or freezes
-//! it past its session, and its standby takes the run over (the promises then hold
-//! across the take-over; a frozen ICN continued afterwards must stay silent).
+//! On loopback a case draws only kills and freezes (SIGKILL, SIGSTOP); with ZooKeeper
+//! every other case also kills the ICN (-9) or freezes it past its session, and its
+//! standby takes the run over. On the campaign's own testbed (`--testbed`, as root) a
+//! case draws every kind the simulated campaign does: partitions, resets, slow links and
+//! session expiry act on the hosts' network (`testbed/netfault.rs`), and its ICN faults
+//! are the simulated case's own.
 
 use std::path::{Path, PathBuf};
 
@@ -13,7 +15,10 @@ use fanin_node::RunConfig;
 use fanin_sim::nodes::check::{self, Expect};
 use fanin_sim::nodes::{chaos, FaultKind, Peer};
 
+use crate::cluster::OnTestbed;
+use crate::experiment::{ControlNet, Placement};
 use crate::faults::{Action, Fault};
+use crate::testbed::{self, spec, Spec};
 
 /// A seed's real case: its run, its faults as `fanin run` injects them, its promise.
 pub struct RealCase {
@@ -27,8 +32,13 @@ pub struct RealCase {
 const MAX_TFS: u64 = 300;
 const MAX_RATE_HZ: f64 = 250.0;
 
-pub fn real_case(seed: u64) -> RealCase {
-    let c = chaos::case_of(seed, chaos::Kinds::Processes);
+/// The real case of `seed`: on a testbed with every fault kind, else kills and freezes.
+pub fn real_case(seed: u64, on_testbed: bool) -> RealCase {
+    let kinds = match on_testbed {
+        true => chaos::Kinds::All,
+        false => chaos::Kinds::Processes,
+    };
+    let c = chaos::case_of(seed, kinds);
     let sim_ms = c.scenario.run.tfs.unwrap_or(1) as f64 * 1e3 / c.scenario.run.rate_hz;
     let mut run = c.scenario.run.clone();
     run.tfs = Some(run.tfs.unwrap_or(MAX_TFS).min(MAX_TFS));
@@ -36,29 +46,16 @@ pub fn real_case(seed: u64) -> RealCase {
     run.stf_size = run.stf_size.replace("256KiB", "64KiB");
     run.prerun_timeout_s = 30.0;
     let real_s = run.tfs.unwrap_or(MAX_TFS) as f64 / run.rate_hz;
-    let mut faults = Vec::new();
-    for f in &c.scenario.faults {
-        let node = match f.node {
-            Peer::Flp(i) => format!("flp {i}"),
-            Peer::Epn(i) => format!("epn {i}"),
-            Peer::Icn => "icn".into(),
-        };
-        // The same moment of the run, on the real run's clock.
-        let at_s = Some(f.at_ms as f64 / sim_ms.max(1.0) * real_s);
-        let (action, back_ms) = match f.kind {
-            FaultKind::Kill { restart_ms } => (Action::Kill, restart_ms),
-            FaultKind::Freeze { ms } => (Action::Stop, Some(ms)),
-            _ => unreachable!("Kinds::Processes draws kills and freezes only"),
-        };
-        faults.push(Fault {
-            node,
-            action,
-            at_s,
-            restart_after_s: back_ms.map(|ms| ms as f64 / 1e3),
-            after_tfs: None,
-        });
-    }
-    if run.registry == fanin_node::config::Registry::ZooKeeper && (seed / 2).is_multiple_of(2) {
+    // The same moment of the run, on the real run's clock.
+    let at = |ms: u64| ms as f64 / sim_ms.max(1.0) * real_s;
+    let mut faults: Vec<Fault> = c
+        .scenario
+        .faults
+        .iter()
+        .map(|f| real_fault(f, at(f.at_ms)))
+        .collect();
+    let zk = run.registry == fanin_node::config::Registry::ZooKeeper;
+    if !on_testbed && zk && (seed / 2).is_multiple_of(2) {
         faults.push(icn_fault(seed, real_s));
     }
     RealCase {
@@ -67,6 +64,48 @@ pub fn real_case(seed: u64) -> RealCase {
         faults,
         expect: c.expect,
     }
+}
+
+fn name(p: Peer) -> String {
+    match p {
+        Peer::Flp(i) => format!("flp {i}"),
+        Peer::Epn(i) => format!("epn {i}"),
+        Peer::Icn => "icn".into(),
+    }
+}
+
+/// A simulated fault as `fanin run` injects it, at `at_s` of the real run. Durations
+/// stay as drawn; a slow link sends one 1500-byte frame per `extra_us`.
+fn real_fault(f: &fanin_sim::nodes::Fault, at_s: f64) -> Fault {
+    let mut r = Fault {
+        node: name(f.node),
+        action: Action::Kill,
+        at_s: Some(at_s),
+        restart_after_s: None,
+        after_tfs: None,
+        peer: None,
+        for_s: None,
+        rate: None,
+    };
+    let secs = |ms: u64| Some(ms as f64 / 1e3);
+    match f.kind {
+        FaultKind::Kill { restart_ms } => r.restart_after_s = restart_ms.and_then(secs),
+        FaultKind::Freeze { ms } => (r.action, r.restart_after_s) = (Action::Stop, secs(ms)),
+        FaultKind::ResetControl => r.action = Action::Reset,
+        FaultKind::ResetData { epn } => {
+            (r.action, r.peer) = (Action::Reset, Some(name(Peer::Epn(epn))));
+        }
+        FaultKind::Partition { peer, ms } => {
+            (r.action, r.peer, r.for_s) = (Action::Partition, peer.map(name), secs(ms));
+        }
+        FaultKind::Slow { extra_us, ms } => {
+            let bps = 1500 * 8 * 1_000_000 / extra_us.max(1);
+            (r.action, r.for_s) = (Action::Slow, secs(ms));
+            r.rate = Some(format!("{bps}bit"));
+        }
+        FaultKind::ExpireSession => r.action = Action::ExpireSession,
+    }
+    r
 }
 
 /// The ICN killed (-9), or frozen for 2-4 s (past its session time-out), between 30 %
@@ -83,19 +122,31 @@ fn icn_fault(seed: u64, real_s: f64) -> Fault {
         at_s: Some((0.3 + 0.4 * draw(0)) * real_s),
         restart_after_s: freeze.then(|| 2.0 + 2.0 * draw(1)),
         after_tfs: None,
+        peer: None,
+        for_s: None,
+        rate: None,
     }
 }
 
-/// Runs a real case in `dir`; its broken promises (none: kept).
-pub async fn run_real(c: &RealCase, dir: &Path) -> anyhow::Result<Vec<String>> {
+/// Runs a real case in `dir` (on `tb`, the campaign's testbed, if given); its broken
+/// promises (none: kept).
+pub async fn run_real(
+    c: &RealCase,
+    dir: &Path,
+    tb: Option<&CampaignTestbed>,
+) -> anyhow::Result<Vec<String>> {
     let plan = crate::node_plan::NodePlan::default();
     let prefix = format!("seed {}", c.seed);
-    let ran = crate::cluster::run_on(&c.run, dir, &prefix, None, &c.faults, &plan, None).await;
-    let s = match ran {
-        Ok((s, _)) => s,
+    let on = tb.map(|t| t.placed(&c.run)).transpose()?;
+    let (run, faults) = (&c.run, &c.faults);
+    let ran = crate::cluster::run_on(run, dir, &prefix, on.as_ref(), faults, &plan, None).await;
+    let (s, results) = match ran {
+        Ok(r) => r,
         Err(e) => return Ok(vec![format!("the run failed: {e:#}")]),
     };
-    let mut v = check::accounting(&s);
+    // A fault that did not happen would let a case pass that tested nothing.
+    let mut v: Vec<String> = results.iter().filter_map(|r| r.error.clone()).collect();
+    v.extend(check::accounting(&s));
     v.extend(rows(&dir.join("tfs.csv"), s.issued));
     v.extend(check::zero_loss(&s, c.expect));
     Ok(v)
@@ -122,4 +173,50 @@ fn rows(path: &Path, issued: u64) -> Vec<String> {
 /// `results/chaos-real-<seed>`: where a real case's files go.
 pub fn case_dir(results: &Path, seed: u64) -> PathBuf {
     results.join(format!("chaos-real-{seed}"))
+}
+
+/// The campaign's own testbed, `fanin-chaos`: one host for the ICN (with ZooKeeper and
+/// the standby), one for each FLP and EPN of the largest case (4 and 6), 10 Gbit/s links.
+/// Taken down when dropped; one left by a crashed campaign is taken down first.
+pub struct CampaignTestbed {
+    spec: Spec,
+}
+
+pub const TESTBED: &str = "fanin-chaos";
+const HOSTS: u32 = 1 + 4 + 6;
+
+impl CampaignTestbed {
+    pub fn up() -> anyhow::Result<Self> {
+        testbed::need_root("fanin chaos --real --testbed")?;
+        testbed::down(TESTBED)?;
+        let spec = Spec {
+            name: TESTBED.into(),
+            preset: None,
+            hosts: HOSTS,
+            data: spec::shaping("10gbit", "0", 0.0, "1000p")?,
+            aux: None,
+        };
+        testbed::bring_up(&spec)?;
+        Ok(CampaignTestbed { spec })
+    }
+
+    /// Host 1 runs the ICN, then each FLP and each EPN a host of its own.
+    fn placed(&self, run: &RunConfig) -> anyhow::Result<OnTestbed> {
+        let place = Placement {
+            name: TESTBED.into(),
+            control: ControlNet::Data,
+            icn: 1,
+            flps: (0..run.flps).map(|i| 2 + i).collect(),
+            epns: (0..run.epns).map(|i| 2 + run.flps + i).collect(),
+        };
+        OnTestbed::new(self.spec.clone(), place)
+    }
+}
+
+impl Drop for CampaignTestbed {
+    fn drop(&mut self) {
+        if let Err(e) = testbed::down(TESTBED) {
+            eprintln!("fanin chaos: taking testbed {TESTBED} down: {e:#}");
+        }
+    }
 }

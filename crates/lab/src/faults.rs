@@ -1,5 +1,6 @@
 //! Fault injection for `fanin run`: `[[fault]]` entries kill (SIGKILL), freeze (SIGSTOP)
-//! or "goat" a node at a time offset and bring it back; results line faults up with the ICN.
+//! or "goat" a node at a time offset and bring it back, and on a testbed part, slow or
+//! reset its network (`testbed/netfault.rs`); results line faults up with the ICN.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,6 +14,8 @@ use serde::Deserialize;
 use tokio::process::Child;
 use tokio::sync::Mutex;
 
+use crate::testbed::netfault::{NetFault, NetFaults};
+
 /// What happens to the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -24,10 +27,27 @@ pub enum Action {
     /// The seed's "Goat": an EPN that crashes after `after_tfs` complete TFs; started
     /// again after `restart_after_s`, if given.
     Goat,
+    /// Testbed: the node and `peer` (the ICN when absent) cannot reach each other for
+    /// `for_s` (from the ICN the node keeps its ZooKeeper session).
+    Partition,
+    /// Testbed: the node's links send at `rate` for `for_s`.
+    Slow,
+    /// Testbed: the node's connections to the ICN, or (an FLP's) to EPN `peer`, are reset.
+    Reset,
+    /// Testbed, ZooKeeper: the node's ZooKeeper traffic is cut until its session expired.
+    ExpireSession,
 }
 
 impl Action {
-    pub const ALL: [Action; 3] = [Action::Kill, Action::Stop, Action::Goat];
+    pub const ALL: [Action; 7] = [
+        Action::Kill,
+        Action::Stop,
+        Action::Goat,
+        Action::Partition,
+        Action::Slow,
+        Action::Reset,
+        Action::ExpireSession,
+    ];
 
     /// As written in `action = "..."`.
     pub fn name(self) -> &'static str {
@@ -35,7 +55,16 @@ impl Action {
             Action::Kill => "kill",
             Action::Stop => "stop",
             Action::Goat => "goat",
+            Action::Partition => "partition",
+            Action::Slow => "slow",
+            Action::Reset => "reset",
+            Action::ExpireSession => "expire-session",
         }
+    }
+
+    /// Does it act on the network (a testbed) rather than on the process?
+    pub fn on_network(self) -> bool {
+        !matches!(self, Action::Kill | Action::Stop | Action::Goat)
     }
 }
 
@@ -52,28 +81,29 @@ pub struct Fault {
     pub restart_after_s: Option<f64>,
     /// Goat: complete TFs before it crashes.
     pub after_tfs: Option<u64>,
+    /// Partition: the other side (`epn N`, `flp N`; the ICN when absent). Reset: the
+    /// EPN whose data connections an FLP loses (its control connection when absent).
+    #[serde(default)]
+    pub peer: Option<String>,
+    /// Partition, slow: how long, in seconds.
+    #[serde(default)]
+    pub for_s: Option<f64>,
+    /// Slow: the link rate meanwhile, e.g. `10mbit`.
+    #[serde(default)]
+    pub rate: Option<String>,
 }
 
 impl Fault {
     /// The node's name as the runtime writes it (`EPN 3`), checked against the run.
     pub fn node_name(&self, flps: u32, epns: u32) -> anyhow::Result<String> {
-        if self.node.trim().eq_ignore_ascii_case("icn") {
-            return Ok("ICN".into());
-        }
-        let mut it = self.node.split_whitespace();
-        let (role, id) = match (it.next(), it.next().map(str::parse::<u32>), it.next()) {
-            (Some(r), Some(Ok(id)), None) => (r.to_ascii_lowercase(), id),
-            _ => bail!("fault.node {:?}: expected `epn N` or `flp N`", self.node),
-        };
-        match role.as_str() {
-            "epn" if id < epns => Ok(format!("EPN {id}")),
-            "flp" if id < flps => Ok(format!("FLP {id}")),
-            "epn" | "flp" => bail!(
-                "fault.node {:?}: the run has FLPs 0..{flps} and EPNs 0..{epns}",
-                self.node
-            ),
-            "icn" => bail!("fault.node {:?}: the ICN has no id: `icn`", self.node),
-            _ => bail!("fault.node {:?}: expected `epn N` or `flp N`", self.node),
+        runtime_name("fault.node", &self.node, flps, epns)
+    }
+
+    /// The peer's name as the runtime writes it (`ICN` when absent).
+    pub fn peer_name(&self, flps: u32, epns: u32) -> anyhow::Result<String> {
+        match &self.peer {
+            Some(p) => runtime_name("fault.peer", p, flps, epns),
+            None => Ok("ICN".into()),
         }
     }
 
@@ -92,6 +122,10 @@ impl Fault {
         };
         secs(self.at_s, "at_s")?;
         secs(self.restart_after_s, "restart_after_s")?;
+        secs(self.for_s, "for_s")?;
+        if self.action.on_network() {
+            return self.check_network(&name, flps, epns, registry);
+        }
         match self.action {
             Action::Kill | Action::Stop if self.at_s.is_none() => {
                 bail!("fault {name}: {:?} needs at_s", self.action)
@@ -102,6 +136,81 @@ impl Fault {
             Action::Goat if self.after_tfs.is_none() => bail!("fault {name}: goat needs after_tfs"),
             _ => Ok(()),
         }
+    }
+
+    /// The fields a network fault needs (that it runs on a testbed is the run's check).
+    fn check_network(
+        &self,
+        name: &str,
+        flps: u32,
+        epns: u32,
+        registry: &Registry,
+    ) -> anyhow::Result<()> {
+        let a = self.action.name();
+        let peer = self.peer_name(flps, epns)?;
+        if name == "ICN" {
+            bail!("fault ICN: {a}: name the FLP or EPN; the ICN is the peer when none is named");
+        }
+        if self.at_s.is_none() {
+            bail!("fault {name}: {a} needs at_s");
+        }
+        match self.action {
+            Action::Partition | Action::Slow if self.for_s.is_none() => {
+                bail!("fault {name}: {a} needs for_s (how long, seconds)")
+            }
+            Action::Partition if peer == name => bail!("fault {name}: partition from itself"),
+            Action::Slow => match &self.rate {
+                None => bail!("fault {name}: slow needs rate (e.g. \"10mbit\")"),
+                Some(r) => crate::testbed::spec::parse_rate(r)
+                    .map(|_| ())
+                    .map_err(|e| anyhow::anyhow!("fault {name}: rate: {e:#}")),
+            },
+            Action::Reset
+                if peer != "ICN" && !(name.starts_with("FLP") && peer.starts_with("EPN")) =>
+            {
+                bail!("fault {name}: reset with a peer is an FLP's data connections to an EPN")
+            }
+            Action::ExpireSession if *registry != Registry::ZooKeeper => {
+                bail!("fault {name}: expire-session needs registry = \"zookeeper\"")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What a network fault asks of the testbed (after `check`).
+    pub fn net_fault(&self, flps: u32, epns: u32) -> anyhow::Result<NetFault> {
+        let peer = match self.peer_name(flps, epns)? {
+            p if p == "ICN" => None,
+            p => Some(p),
+        };
+        Ok(match self.action {
+            Action::Partition => NetFault::Partition { peer },
+            Action::Reset => NetFault::Reset { peer },
+            Action::ExpireSession => NetFault::ExpireSession,
+            Action::Slow => NetFault::Slow {
+                rate_bps: crate::testbed::spec::parse_rate(self.rate.as_deref().unwrap_or(""))?,
+            },
+            a => bail!("fault {}: {} is not a network fault", self.node, a.name()),
+        })
+    }
+}
+
+/// `icn`, `epn N` or `flp N` (any case) as the runtime writes it, checked against the run.
+fn runtime_name(field: &str, s: &str, flps: u32, epns: u32) -> anyhow::Result<String> {
+    if s.trim().eq_ignore_ascii_case("icn") {
+        return Ok("ICN".into());
+    }
+    let mut it = s.split_whitespace();
+    let (role, id) = match (it.next(), it.next().map(str::parse::<u32>), it.next()) {
+        (Some(r), Some(Ok(id)), None) => (r.to_ascii_lowercase(), id),
+        _ => bail!("{field} {s:?}: expected `epn N` or `flp N`"),
+    };
+    match role.as_str() {
+        "epn" if id < epns => Ok(format!("EPN {id}")),
+        "flp" if id < flps => Ok(format!("FLP {id}")),
+        "epn" | "flp" => bail!("{field} {s:?}: the run has FLPs 0..{flps} and EPNs 0..{epns}"),
+        "icn" => bail!("{field} {s:?}: the ICN has no id: `icn`"),
+        _ => bail!("{field} {s:?}: expected `epn N` or `flp N`"),
     }
 }
 
@@ -121,6 +230,8 @@ pub struct Injected {
     pub action: Option<Action>,
     pub at_unix_us: Option<u64>,
     pub back_unix_us: Option<u64>,
+    /// Why it could not be applied or undone (a network fault's failed command).
+    pub error: Option<String>,
 }
 
 pub fn unix_us() -> u64 {
@@ -141,78 +252,126 @@ fn signal(child: &Child, sig: i32) {
     crate::process::signal_child(child, sig);
 }
 
+/// A fault of a run, checked: the node's name as the runtime writes it and, for a
+/// network fault, what it asks of the testbed.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub name: String,
+    pub fault: Fault,
+    pub net: Option<NetFault>,
+}
+
 /// Faults being injected: what happened so far, and the tasks still at work.
 pub struct Injector {
     pub records: Arc<std::sync::Mutex<Vec<Injected>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    net: Option<Arc<NetFaults>>,
 }
 
 impl Injector {
-    /// Stops what is still pending (the run is over) and returns what happened.
+    /// Stops what is still pending (the run is over), heals the network, and returns
+    /// what happened.
     pub fn finish(self) -> Vec<Injected> {
         for t in self.tasks {
             t.abort();
+        }
+        if let Some(n) = &self.net {
+            n.heal_all();
         }
         self.records.lock().expect("records lock").clone()
     }
 }
 
-/// Starts every fault against the run that started at `start_unix_us`.
-pub fn inject(faults: Vec<(String, Fault)>, start_unix_us: u64, nodes: Nodes) -> Injector {
+/// Where one fault writes what happened.
+#[derive(Clone)]
+struct Record {
+    records: Arc<std::sync::Mutex<Vec<Injected>>>,
+    slot: usize,
+}
+
+impl Record {
+    fn failed(&self, e: String) {
+        tracing::warn!("{e}");
+        self.records.lock().expect("records lock")[self.slot].error = Some(e);
+    }
+
+    fn set(&self, at: Option<u64>, back: Option<u64>) {
+        let mut r = self.records.lock().expect("records lock");
+        if at.is_some() {
+            r[self.slot].at_unix_us = at;
+        }
+        if back.is_some() {
+            r[self.slot].back_unix_us = back;
+        }
+    }
+}
+
+/// Starts every fault against the run that started at `start_unix_us`; network faults
+/// act through `net` (a testbed's, checked by the run).
+pub fn inject(
+    faults: Vec<Planned>,
+    start_unix_us: u64,
+    nodes: Nodes,
+    net: Option<Arc<NetFaults>>,
+) -> Injector {
     let records = Arc::new(std::sync::Mutex::new(Vec::new()));
     let tasks = faults
         .into_iter()
         .enumerate()
-        .map(|(i, (name, f))| {
+        .map(|(slot, p)| {
             records.lock().expect("records lock").push(Injected {
-                node: name.clone(),
-                action: Some(f.action),
+                node: p.name.clone(),
+                action: Some(p.fault.action),
                 ..Default::default()
             });
-            let (nodes, records) = (nodes.clone(), records.clone());
-            tokio::spawn(async move { inject_one(name, f, start_unix_us, nodes, records, i).await })
+            let rec = Record {
+                records: records.clone(),
+                slot,
+            };
+            let (nodes, net) = (nodes.clone(), net.clone());
+            tokio::spawn(async move {
+                match (p.net.clone(), net) {
+                    (Some(nf), Some(net)) => on_network(p, nf, start_unix_us, net, rec).await,
+                    _ => inject_one(p.name, p.fault, start_unix_us, nodes, rec).await,
+                }
+            })
         })
         .collect();
-    Injector { records, tasks }
+    Injector {
+        records,
+        tasks,
+        net,
+    }
 }
 
-async fn inject_one(
-    name: String,
-    f: Fault,
-    start: u64,
-    nodes: Nodes,
-    records: Arc<std::sync::Mutex<Vec<Injected>>>,
-    slot: usize,
-) {
-    let set = |at: Option<u64>, back: Option<u64>| {
-        let mut r = records.lock().expect("records lock");
-        if at.is_some() {
-            r[slot].at_unix_us = at;
-        }
-        if back.is_some() {
-            r[slot].back_unix_us = back;
-        }
+/// A network fault: applied at its time, healed `for_s` later (a session expiry: once
+/// the session is past its time-out; a reset has nothing to heal).
+async fn on_network(p: Planned, nf: NetFault, start: u64, net: Arc<NetFaults>, rec: Record) {
+    sleep_until_unix(start + (p.fault.at_s.unwrap_or(0.0) * 1e6) as u64).await;
+    let at = unix_us();
+    rec.set(Some(at), None);
+    let (n, name) = (net.clone(), p.name.clone());
+    let started = tokio::task::spawn_blocking(move || n.start(&name, &nf)).await;
+    let key = match started {
+        Ok(Ok(Some(key))) => key,
+        Ok(Ok(None)) => return,
+        Ok(Err(e)) => return rec.failed(format!("fault {}: {e:#}", p.name)),
+        Err(e) => return rec.failed(format!("fault {}: {e}", p.name)),
     };
+    let for_s = match p.fault.action {
+        Action::ExpireSession => p.fault.for_s.unwrap_or_else(|| net.expiry_cut_s()),
+        _ => p.fault.for_s.unwrap_or(0.0),
+    };
+    sleep_until_unix(at + (for_s * 1e6) as u64).await;
+    match tokio::task::spawn_blocking(move || net.heal(key)).await {
+        Ok(Ok(())) => rec.set(None, Some(unix_us())),
+        Ok(Err(e)) => rec.failed(format!("healing fault {}: {e:#}", p.name)),
+        Err(e) => rec.failed(format!("healing fault {}: {e}", p.name)),
+    }
+}
+
+async fn inject_one(name: String, f: Fault, start: u64, nodes: Nodes, rec: Record) {
     let at = match f.action {
-        Action::Kill | Action::Stop => {
-            sleep_until_unix(start + (f.at_s.unwrap_or(0.0) * 1e6) as u64).await;
-            let mut g = nodes.lock().await;
-            let Some(n) = g.iter_mut().find(|n| n.name == name) else {
-                return;
-            };
-            // Recorded before the signal, so a reader that sees the node end finds it.
-            let at = unix_us();
-            set(Some(at), None);
-            signal(
-                &n.child,
-                if f.action == Action::Kill {
-                    libc::SIGKILL
-                } else {
-                    libc::SIGSTOP
-                },
-            );
-            at
-        }
         Action::Goat => loop {
             // It dies by itself: notice when.
             {
@@ -226,28 +385,46 @@ async fn inject_one(
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         },
+        _ => {
+            sleep_until_unix(start + (f.at_s.unwrap_or(0.0) * 1e6) as u64).await;
+            let mut g = nodes.lock().await;
+            let Some(n) = g.iter_mut().find(|n| n.name == name) else {
+                return;
+            };
+            // Recorded before the signal, so a reader that sees the node end finds it.
+            let at = unix_us();
+            rec.set(Some(at), None);
+            signal(
+                &n.child,
+                if f.action == Action::Stop {
+                    libc::SIGSTOP
+                } else {
+                    libc::SIGKILL
+                },
+            );
+            at
+        }
     };
-    set(Some(at), None);
+    rec.set(Some(at), None);
     let Some(after) = f.restart_after_s else {
         return;
     };
     sleep_until_unix(at + (after * 1e6) as u64).await;
     let mut g = nodes.lock().await;
     if let Some(n) = g.iter_mut().find(|n| n.name == name) {
-        match f.action {
-            Action::Stop => signal(&n.child, libc::SIGCONT),
-            Action::Kill | Action::Goat => {
-                let _ = n.child.wait().await;
-                match (n.respawn)() {
-                    Ok(c) => n.child = c,
-                    Err(e) => {
-                        tracing::warn!("restarting {name}: {e:#}");
-                        return;
-                    }
+        if f.action == Action::Stop {
+            signal(&n.child, libc::SIGCONT);
+        } else {
+            let _ = n.child.wait().await;
+            match (n.respawn)() {
+                Ok(c) => n.child = c,
+                Err(e) => {
+                    tracing::warn!("restarting {name}: {e:#}");
+                    return;
                 }
             }
         }
-        set(None, Some(unix_us()));
+        rec.set(None, Some(unix_us()));
     }
 }
 
@@ -266,6 +443,9 @@ pub struct FaultResult {
     /// Time the policy took to drop the node from its table (µs).
     pub policy_us: Option<f64>,
     pub outage_tfs: BTreeMap<String, u64>,
+    /// Why the fault could not be applied or undone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Each injected fault's result, its times relative to `origin` (the first run's start,
@@ -306,10 +486,7 @@ pub fn results(inj: &[Injected], s: &Summary, dir: &Path, origin: u64) -> Vec<Fa
             }
             FaultResult {
                 node: i.node.clone(),
-                action: i
-                    .action
-                    .map(|a| format!("{a:?}").to_lowercase())
-                    .unwrap_or_default(),
+                action: i.action.map(|a| a.name().to_string()).unwrap_or_default(),
                 at_s: at,
                 detect_ms: lost.zip(at).map(|(e, a)| ((e.t_s - a) * 1e3).max(0.0)),
                 rejoin_ms: rejoined
@@ -319,6 +496,7 @@ pub fn results(inj: &[Injected], s: &Summary, dir: &Path, origin: u64) -> Vec<Fa
                 dropped_at_loss: lost.map(|e| e.dropped).unwrap_or(0),
                 policy_us: lost.map(|e| e.policy_us),
                 outage_tfs,
+                error: i.error.clone(),
             }
         })
         .collect()
@@ -371,7 +549,52 @@ mod tests {
             at_s: Some(1.0),
             restart_after_s: None,
             after_tfs: None,
+            peer: None,
+            for_s: None,
+            rate: None,
         }
+    }
+
+    #[test]
+    fn network_faults_name_what_they_miss() {
+        let zk = Registry::ZooKeeper;
+        let err = |f: &Fault, reg: &Registry| f.check(2, 3, reg).unwrap_err().to_string();
+        let mut p = f("flp 0", Action::Partition);
+        assert!(err(&p, &zk).contains("partition needs for_s"));
+        p.for_s = Some(0.5);
+        assert_eq!(
+            p.net_fault(2, 3).unwrap(),
+            NetFault::Partition { peer: None }
+        );
+        p.peer = Some("epn 3".into());
+        assert!(err(&p, &zk).contains("fault.peer \"epn 3\""));
+        p.peer = Some("epn 2".into());
+        p.check(2, 3, &zk).unwrap();
+        assert_eq!(
+            p.net_fault(2, 3).unwrap(),
+            NetFault::Partition {
+                peer: Some("EPN 2".into())
+            }
+        );
+        let mut s = f("epn 1", Action::Slow);
+        s.for_s = Some(1.0);
+        assert!(err(&s, &zk).contains("slow needs rate"));
+        s.rate = Some("fast".into());
+        assert!(err(&s, &zk).starts_with("fault EPN 1: rate:"));
+        s.rate = Some("10mbit".into());
+        assert_eq!(
+            s.net_fault(2, 3).unwrap(),
+            NetFault::Slow {
+                rate_bps: 10_000_000
+            }
+        );
+        let mut r = f("epn 0", Action::Reset);
+        r.peer = Some("flp 1".into());
+        assert!(err(&r, &zk).contains("an FLP's data connections to an EPN"));
+        let e = f("epn 0", Action::ExpireSession);
+        assert!(err(&e, &Registry::Embedded).contains("needs registry"));
+        e.check(2, 3, &zk).unwrap();
+        assert!(err(&f("icn", Action::Reset), &zk).contains("name the FLP or EPN"));
     }
 
     #[test]

@@ -14,8 +14,9 @@ use fanin_node::{RunConfig, Summary};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::mpsc;
 
-use crate::faults::{self, Action, Fault, FaultResult, Injector, Nodes};
+use crate::faults::{self, Action, Fault, FaultResult, Injector, Nodes, Planned};
 use crate::process::Interrupts;
+use crate::testbed::netfault::NetFaults;
 pub use icn_lines::IcnLine;
 pub use launcher::OnTestbed;
 use launcher::{IcnOut, Launcher};
@@ -38,11 +39,22 @@ pub async fn run_on(
     interrupts: Option<Interrupts>,
 ) -> anyhow::Result<(Summary, Vec<FaultResult>)> {
     let checked = cfg.check()?;
-    let (goats, planned) = plan(faults, cfg)?;
-    let icn_fault = planned.iter().any(|(n, _)| n == "ICN");
+    let (goats, planned) = plan(faults, cfg, net.is_some())?;
+    let icn_fault = planned.iter().any(|p| p.name == "ICN");
     let mut l = Launcher::new(cfg, dir, net)?;
     l.node_plan = node_plan;
-    let _zk_server = l.start_registry()?;
+    let zk_server = l.start_registry()?;
+    let net_faults = match net {
+        Some(n) if planned.iter().any(|p| p.net.is_some()) => {
+            let zk_port = zk_server.as_ref().map(|z| z.port());
+            let nf = NetFaults::new(n.spec.clone(), &n.place, zk_port, cfg.zk_session_timeout_ms);
+            for c in nf.prepare() {
+                crate::testbed::sh(&c)?;
+            }
+            Some(Arc::new(nf))
+        }
+        _ => None,
+    };
     let icn = l.start_icn().await?;
     let mut standby = if icn_fault {
         Some(l.start_standby()?)
@@ -54,6 +66,7 @@ pub async fn run_on(
     let nodes: Nodes = Arc::new(tokio::sync::Mutex::new(procs));
     let mut watch = Watch {
         planned,
+        net_faults,
         nodes: nodes.clone(),
         injector: None,
         takeover: Takeover::default(),
@@ -74,10 +87,10 @@ pub async fn run_on(
     ending::summary(dir, status, &injected, watch.takeover)
 }
 
-/// The faults by node name, and the goats among them (node, complete TFs before dying).
-type Plan = (Vec<(String, u64)>, Vec<(String, Fault)>);
+/// The goats among the faults (node, complete TFs before dying), and every fault.
+type Plan = (Vec<(String, u64)>, Vec<Planned>);
 
-fn plan(faults: &[Fault], cfg: &RunConfig) -> anyhow::Result<Plan> {
+fn plan(faults: &[Fault], cfg: &RunConfig, on_testbed: bool) -> anyhow::Result<Plan> {
     let mut goats = Vec::new();
     let mut planned = Vec::new();
     for f in faults {
@@ -85,7 +98,19 @@ fn plan(faults: &[Fault], cfg: &RunConfig) -> anyhow::Result<Plan> {
         if f.action == Action::Goat {
             goats.push((name.clone(), f.after_tfs.unwrap_or(0)));
         }
-        planned.push((name, f.clone()));
+        let net = match f.action.on_network() {
+            false => None,
+            true if on_testbed => Some(f.net_fault(cfg.flps, cfg.epns)?),
+            true => anyhow::bail!(
+                "fault {name}: {} acts on the network and needs a testbed ([testbed], not --local)",
+                f.action.name()
+            ),
+        };
+        planned.push(Planned {
+            name,
+            fault: f.clone(),
+            net,
+        });
     }
     Ok((goats, planned))
 }
@@ -132,7 +157,8 @@ pub(crate) struct Takeover {
 /// Follows a run from the launcher's side: the ICN's lines, faults started with the run,
 /// a standby's take-over, the progress bar.
 struct Watch {
-    planned: Vec<(String, Fault)>,
+    planned: Vec<Planned>,
+    net_faults: Option<Arc<NetFaults>>,
     nodes: Nodes,
     injector: Option<Injector>,
     takeover: Takeover,
@@ -224,7 +250,8 @@ impl Watch {
                 self.takeover.first_started_unix_us = Some(unix_us);
                 if !self.planned.is_empty() {
                     let planned = std::mem::take(&mut self.planned);
-                    self.injector = Some(faults::inject(planned, unix_us, self.nodes.clone()));
+                    let (nodes, net) = (self.nodes.clone(), self.net_faults.clone());
+                    self.injector = Some(faults::inject(planned, unix_us, nodes, net));
                 }
             }
             IcnLine::Progress { issued, ended, .. } => {

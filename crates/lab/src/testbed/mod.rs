@@ -2,6 +2,7 @@
 //! Linux bridge with `tc`-shaped links (`up`, `down`, `status`, `iperf`).
 
 pub mod iperf;
+pub mod netfault;
 pub mod spec;
 
 use std::path::PathBuf;
@@ -223,7 +224,11 @@ fn spec_of(a: &UpArgs) -> anyhow::Result<Spec> {
 }
 
 fn up(a: UpArgs) -> anyhow::Result<()> {
-    let s = spec_of(&a)?;
+    bring_up(&spec_of(&a)?)
+}
+
+/// Creates testbed `s` (as root), records it, and prints what it made.
+pub fn bring_up(s: &Spec) -> anyhow::Result<()> {
     s.check()?;
     need_root("fanin testbed up")?;
     let delay = s.data.delay_us > 0 || s.aux.is_some_and(|a| a.delay_us > 0);
@@ -263,7 +268,7 @@ fn up(a: UpArgs) -> anyhow::Result<()> {
             String::new()
         }
     );
-    print!("{}", describe(&s));
+    print!("{}", describe(s));
     Ok(())
 }
 

@@ -299,14 +299,23 @@ impl Spec {
     }
 }
 
+/// The random loss classifier's filter priority: after those of network faults
+/// (`netfault.rs`), which the kernel must try first.
+pub const LOSS_PRIO: u32 = 1000;
+
 /// An htb class at the line rate, counting Ethernet's framing overhead.
 fn htb_class(ns: &str, dev: &str, classid: &str, rate: &str) -> Vec<String> {
+    htb_class_cmd("add", ns, dev, classid, rate)
+}
+
+/// `tc class VERB` (add, change, replace) of an htb class at `rate`, with overhead.
+pub fn htb_class_cmd(verb: &str, ns: &str, dev: &str, classid: &str, rate: &str) -> Vec<String> {
     [
         "tc",
         "-n",
         ns,
         "class",
-        "add",
+        verb,
         "dev",
         dev,
         "parent",
@@ -361,8 +370,22 @@ fn random_loss(ns: &str, dev: &str, rate: &str, loss_pct: f64) -> Vec<Vec<String
             "limit", "0",
         ]),
         s(&[
-            "tc", "-n", ns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio",
-            "1", "bpf", "bytecode", &code,
+            "tc",
+            "-n",
+            ns,
+            "filter",
+            "add",
+            "dev",
+            dev,
+            "parent",
+            "1:",
+            "protocol",
+            "all",
+            "prio",
+            &LOSS_PRIO.to_string(),
+            "bpf",
+            "bytecode",
+            &code,
         ]),
     ]
 }
