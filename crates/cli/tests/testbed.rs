@@ -471,7 +471,47 @@ at_s = 4.5
     );
     let reset = &f[2];
     assert!(reset["detect_ms"].is_number(), "FLP 0 not lost: {reset}");
+    // The same faults applied by hand take effect where they should: the slow link on
+    // both ends of EPN 1's link (host 4), the partition's filters on both hosts.
+    use fanin_lab::testbed::netfault::{NetFault, NetFaults};
+    let place = fanin_lab::experiment::Placement {
+        name: name.into(),
+        control: fanin_lab::experiment::ControlNet::Aux,
+        icn: 1,
+        flps: vec![2],
+        epns: vec![3, 4],
+    };
+    let nf = NetFaults::new(fanin_lab::testbed::load(name).unwrap(), &place, None);
+    nf.prepare().unwrap();
+    let class = |ns: &str, dev: &str| {
+        let out = Command::new("tc")
+            .args(["-n", ns, "class", "show", "dev", dev, "classid", "1:1"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let filters = |ns: &str, dev: &str| fanin_lab::testbed::filter_prefs(ns, dev).unwrap();
+    let slow = NetFault::Slow {
+        rate_bps: 2_000_000,
+    };
+    nf.start("EPN 1", &slow)
+        .unwrap()
+        .expect("a slow link is healed");
+    for (ns, dev) in [("h4", "eth0"), ("h4", "eth1"), ("sw", "h4"), ("sw", "ah4")] {
+        let c = class(&format!("{name}-{ns}"), dev);
+        assert!(c.contains("rate 2Mbit"), "{ns} {dev}: {c}");
+    }
+    assert!(class(&format!("{name}-h3"), "eth0").contains("rate 1Gbit"));
+    let part = NetFault::Partition {
+        peer: Some("EPN 0".into()),
+    };
+    nf.start("FLP 0", &part).unwrap();
+    assert_eq!(filters(&format!("{name}-h2"), "eth1").len(), 1);
+    assert_eq!(filters(&format!("{name}-h3"), "eth0").len(), 1);
+    nf.heal_all();
+    assert!(nf.start("FLP 0", &part).is_err(), "the run is over");
     // Healed: no filter is left on any host link, every class is back at 1 Gbit/s.
+    assert!(class(&format!("{name}-sw"), "h4").contains("rate 1Gbit"));
     for h in 1..=4 {
         let ns = format!("{name}-h{h}");
         for dev in ["eth0", "eth1"] {

@@ -75,7 +75,7 @@ pub struct Fault {
     /// `epn N` or `flp N`.
     pub node: String,
     pub action: Action,
-    /// Seconds after the run started (kill, stop).
+    /// Seconds after the run started (every action but goat).
     pub at_s: Option<f64>,
     /// Seconds until the node is started again (kill, goat) or continued (stop).
     pub restart_after_s: Option<f64>,
@@ -85,7 +85,8 @@ pub struct Fault {
     /// EPN whose data connections an FLP loses (its control connection when absent).
     #[serde(default)]
     pub peer: Option<String>,
-    /// Partition, slow: how long, in seconds.
+    /// Partition, slow: how long, in seconds; expire-session: how long its ZooKeeper
+    /// traffic is cut (default: twice the session time-out, plus two ticks).
     #[serde(default)]
     pub for_s: Option<f64>,
     /// Slow: the link rate meanwhile, e.g. `10mbit`.
@@ -109,7 +110,8 @@ impl Fault {
 
     pub fn check(&self, flps: u32, epns: u32, registry: &Registry) -> anyhow::Result<()> {
         let name = self.node_name(flps, epns)?;
-        if name == "ICN" && *registry == Registry::Embedded {
+        self.fields_used(&name)?;
+        if name == "ICN" && *registry == Registry::Embedded && !self.action.on_network() {
             bail!("fault icn: the ICN fails over to a standby ICN, which needs a ZooKeeper registry (registry = \"zookeeper\")");
         }
         let secs = |v: Option<f64>, f: &str| -> anyhow::Result<()> {
@@ -135,6 +137,31 @@ impl Fault {
             }
             Action::Goat if self.after_tfs.is_none() => bail!("fault {name}: goat needs after_tfs"),
             _ => Ok(()),
+        }
+    }
+
+    /// A field given to an action that does not use it is refused, not ignored.
+    fn fields_used(&self, name: &str) -> anyhow::Result<()> {
+        use Action::*;
+        let a = self.action;
+        let given = [
+            (
+                "restart_after_s",
+                self.restart_after_s.is_some(),
+                matches!(a, Kill | Stop | Goat),
+            ),
+            ("after_tfs", self.after_tfs.is_some(), a == Goat),
+            ("peer", self.peer.is_some(), matches!(a, Partition | Reset)),
+            (
+                "for_s",
+                self.for_s.is_some(),
+                matches!(a, Partition | Slow | ExpireSession),
+            ),
+            ("rate", self.rate.is_some(), a == Slow),
+        ];
+        match given.iter().find(|(_, set, used)| *set && !*used) {
+            Some((field, _, _)) => bail!("fault {name}: {} takes no {field}", a.name()),
+            None => Ok(()),
         }
     }
 
@@ -354,7 +381,8 @@ async fn on_network(p: Planned, nf: NetFault, start: u64, net: Arc<NetFaults>, r
     let started = tokio::task::spawn_blocking(move || n.start(&name, &nf)).await;
     let key = match started {
         Ok(Ok(Some(key))) => key,
-        Ok(Ok(None)) => return,
+        // A reset is over as it happens: the node is not left down.
+        Ok(Ok(None)) => return rec.set(None, Some(at)),
         Ok(Err(e)) => return rec.failed(format!("fault {}: {e:#}", p.name)),
         Err(e) => return rec.failed(format!("fault {}: {e}", p.name)),
     };
@@ -505,7 +533,7 @@ pub fn results(inj: &[Injected], s: &Summary, dir: &Path, origin: u64) -> Vec<Fa
 pub fn render(r: &[FaultResult]) -> String {
     let ms = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or("-".into());
     let mut t = format!(
-        "  {:<8} {:<6} {:>8} {:>10} {:>10} {:>11} {:>8} {:>10}  {}\n",
+        "  {:<8} {:<14} {:>8} {:>10} {:>10} {:>11} {:>8} {:>10}  {}\n",
         "node",
         "fault",
         "at s",
@@ -523,7 +551,7 @@ pub fn render(r: &[FaultResult]) -> String {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         t += &format!(
-            "  {:<8} {:<6} {:>8} {:>10} {:>10} {:>11} {:>8} {:>10}  {}\n",
+            "  {:<8} {:<14} {:>8} {:>10} {:>10} {:>11} {:>8} {:>10}  {}\n",
             f.node,
             f.action,
             f.at_s.map(|a| format!("{a:.2}")).unwrap_or("-".into()),
@@ -534,6 +562,9 @@ pub fn render(r: &[FaultResult]) -> String {
             f.policy_us.map(|u| format!("{u:.1}")).unwrap_or("-".into()),
             outage.join(", ")
         );
+        if let Some(e) = &f.error {
+            t += &format!("    not as planned: {e}\n");
+        }
     }
     t
 }

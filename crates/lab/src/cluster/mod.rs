@@ -6,6 +6,8 @@ pub mod icn_lines;
 mod launcher;
 
 use std::path::Path;
+
+use anyhow::Context;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,12 +47,20 @@ pub async fn run_on(
     l.node_plan = node_plan;
     let zk_server = l.start_registry()?;
     let net_faults = match net {
-        Some(n) if planned.iter().any(|p| p.net.is_some()) => {
-            let zk_port = zk_server.as_ref().map(|z| z.port());
-            let nf = NetFaults::new(n.spec.clone(), &n.place, zk_port, cfg.zk_session_timeout_ms);
-            for c in nf.prepare() {
-                crate::testbed::sh(&c)?;
+        Some(n) => {
+            let zk = zk_server
+                .as_ref()
+                .map(|z| (z.port(), cfg.zk_tick_ms, cfg.zk_session_timeout_ms));
+            let nf = NetFaults::new(n.spec.clone(), &n.place, zk);
+            // Each fault checked against the placement before anything runs.
+            for p in &planned {
+                if let Some(f) = &p.net {
+                    nf.commands(&p.name, f, 0)
+                        .with_context(|| format!("fault {} {}", p.fault.action.name(), p.name))?;
+                }
             }
+            // Also without faults: what an earlier run left on the testbed goes.
+            nf.prepare()?;
             Some(Arc::new(nf))
         }
         _ => None,

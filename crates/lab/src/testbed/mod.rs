@@ -179,6 +179,29 @@ pub fn sh(argv: &[String]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The priorities of the filters on `dev`'s root qdisc in namespace `ns`.
+pub fn filter_prefs(ns: &str, dev: &str) -> anyhow::Result<Vec<u32>> {
+    let argv: Vec<String> = [
+        "tc", "-j", "-n", ns, "filter", "show", "dev", dev, "parent", "1:",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = sh(&argv)?;
+    let v: serde_json::Value = serde_json::from_str(out.trim())
+        .with_context(|| format!("reading `{}`", argv.join(" ")))?;
+    let mut prefs: Vec<u32> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["pref"].as_u64())
+        .map(|p| p as u32)
+        .collect();
+    prefs.sort_unstable();
+    prefs.dedup();
+    Ok(prefs)
+}
+
 /// The testbed `up` builds: the preset (or the default) with the command line's changes.
 fn spec_of(a: &UpArgs) -> anyhow::Result<Spec> {
     let mut s = match &a.preset {

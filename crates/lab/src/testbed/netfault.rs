@@ -19,9 +19,11 @@ use crate::experiment::{ControlNet, Placement};
 const CUT_CLASS: &str = "1:3";
 /// A host link's ordinary class (htb's default).
 const PASS_CLASS: &str = "1:1";
-/// The filter priorities faults may use; the testbed's random loss comes after them.
-const FIRST_PRIO: u32 = 10;
-const LAST_PRIO: u32 = spec::LOSS_PRIO - 1;
+/// The filter priorities faults use: session expiries' ZooKeeper cuts first (they must
+/// win over a partition's filter that keeps ZooKeeper's traffic), then partitions; the
+/// testbed's random loss comes after them all.
+const EXPIRY_PRIOS: std::ops::Range<u32> = 10..500;
+const PARTITION_PRIOS: std::ops::Range<u32> = 500..spec::LOSS_PRIO;
 
 pub type Argv = Vec<String>;
 
@@ -42,14 +44,21 @@ pub struct NetFaults {
     icn_host: u32,
     /// The run's ZooKeeper client port on the ICN's host (its own server), if any.
     zk_port: Option<u16>,
+    /// The session time-out ZooKeeper grants: the asked one within 2..=20 ticks.
     session_ms: u64,
+    tick_ms: u64,
     state: Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
-    next_prio: u32,
+    next_expiry: u32,
+    next_partition: u32,
     in_force: BTreeMap<u32, Undo>,
+    /// Slow links in force: key -> (host, rate); a host runs at the lowest of its own.
+    slow: BTreeMap<u32, (u32, u64)>,
+    next_slow: u32,
+    /// The run ended (`heal_all`): nothing is applied any more.
+    closed: bool,
 }
 
 /// What a network fault asks for.
@@ -67,7 +76,8 @@ pub enum NetFault {
 }
 
 impl NetFaults {
-    pub fn new(spec: Spec, place: &Placement, zk_port: Option<u16>, session_ms: u64) -> Self {
+    /// `zk`: the run's own ZooKeeper server's port, tick and asked session time-out.
+    pub fn new(spec: Spec, place: &Placement, zk: Option<(u16, u64, u64)>) -> Self {
         let mut hosts = BTreeMap::from([("ICN".to_string(), place.icn)]);
         for (i, h) in place.flps.iter().enumerate() {
             hosts.insert(format!("FLP {i}"), *h);
@@ -80,38 +90,61 @@ impl NetFaults {
             control: place.control,
             hosts,
             icn_host: place.icn,
-            zk_port,
-            session_ms,
+            zk_port: zk.map(|z| z.0),
+            session_ms: zk.map_or(0, |(_, tick, asked)| asked.clamp(2 * tick, 20 * tick)),
+            tick_ms: zk.map_or(0, |z| z.1),
             state: Mutex::new(State {
-                next_prio: FIRST_PRIO,
-                ..Default::default()
+                next_expiry: EXPIRY_PRIOS.start,
+                next_partition: PARTITION_PRIOS.start,
+                in_force: BTreeMap::new(),
+                slow: BTreeMap::new(),
+                // Keys of their own, apart from the filter priorities.
+                next_slow: spec::LOSS_PRIO,
+                closed: false,
             }),
         }
     }
 
-    /// How long a session expiry's cut lasts: the server expires the session after its
-    /// time-out (checked every tick); twice the time-out is past it.
+    /// How long a session expiry's cut lasts: the server expires a session a tick or
+    /// two after its time-out (as ZooKeeper grants it); twice that, plus two ticks.
     pub fn expiry_cut_s(&self) -> f64 {
-        2.0 * self.session_ms as f64 / 1e3
+        (2 * self.session_ms + 2 * self.tick_ms) as f64 / 1e3
     }
 
-    /// The commands that give every host of the run its cut class (idempotent).
-    pub fn prepare(&self) -> Vec<Argv> {
+    /// Readies every host of the run: what an earlier run may have left (its fault
+    /// filters, a slow rate) is undone, and each link gets its cut class.
+    pub fn prepare(&self) -> anyhow::Result<()> {
+        for h in self.used_hosts() {
+            let ns = self.spec.host_ns(h);
+            for (dev, _, _) in self.devs(h) {
+                for pref in super::filter_prefs(&ns, dev)? {
+                    if pref < EXPIRY_PRIOS.start {
+                        bail!("testbed {}: host {h} {dev} has a filter at priority {pref}, ahead of network faults (made by an older fanin): take the testbed down and up again", self.spec.name);
+                    }
+                    if pref < PARTITION_PRIOS.end {
+                        super::sh(&filter_del(&ns, dev, pref))?;
+                    }
+                }
+            }
+            for c in self.rate_commands(h, None) {
+                super::sh(&c)?;
+            }
+            for (dev, _, rate) in self.devs(h) {
+                super::sh(&spec::htb_class_cmd("replace", &ns, dev, CUT_CLASS, &rate))?;
+                super::sh(&argv(&[
+                    "tc", "-n", &ns, "qdisc", "replace", "dev", dev, "parent", CUT_CLASS, "handle",
+                    "30:", "pfifo", "limit", "0",
+                ]))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn used_hosts(&self) -> Vec<u32> {
         let mut hosts: Vec<u32> = self.hosts.values().copied().collect();
         hosts.sort();
         hosts.dedup();
-        let mut c = Vec::new();
-        for h in hosts {
-            let ns = self.spec.host_ns(h);
-            for (dev, _, rate) in self.devs(h) {
-                c.push(spec::htb_class_cmd("replace", &ns, dev, CUT_CLASS, &rate));
-                c.push(argv(&[
-                    "tc", "-n", &ns, "qdisc", "replace", "dev", dev, "parent", CUT_CLASS, "handle",
-                    "30:", "pfifo", "limit", "0",
-                ]));
-            }
-        }
-        c
+        hosts
     }
 
     /// Host `h`'s devices: (name, its address, the class rate it had at `up`).
@@ -144,7 +177,9 @@ impl NetFaults {
         Ok(ph)
     }
 
-    /// Commands that apply `f` to `node` and the ones that undo it (none for a reset).
+    /// Commands that apply `f` to `node` (filters at `prio` and the next) and the ones
+    /// that undo it, last applied first undone (none for a reset). A slow link: those
+    /// for `node` alone (`start` keeps overlapping ones at the lowest rate).
     pub fn commands(&self, node: &str, f: &NetFault, prio: u32) -> anyhow::Result<(Undo, Undo)> {
         let h = self.host(node)?;
         match f {
@@ -161,7 +196,10 @@ impl NetFaults {
                 self.peer_host(node, None)?;
                 Ok(self.cut_between(h, self.icn_host, None, Some(port), prio))
             }
-            NetFault::Slow { rate_bps } => Ok(self.slow(h, *rate_bps)),
+            NetFault::Slow { rate_bps } => {
+                let apply = self.rate_commands(h, Some(*rate_bps));
+                Ok((apply, self.rate_commands(h, None)))
+            }
             NetFault::Reset { peer } => Ok((vec![self.reset(node, h, peer.as_deref())?], vec![])),
         }
     }
@@ -179,8 +217,7 @@ impl NetFaults {
         let (mut apply, mut undo) = (Vec::new(), Vec::new());
         let mut add = |ns: &str, dev: &str, p: u32, m: &[&str], class: &str| {
             apply.push(filter(ns, dev, p, m, class));
-            let del = argv(&["tc", "-n", ns, "filter", "del", "dev", dev, "parent", "1:"]);
-            undo.push([del, argv(&["prio", &p.to_string()])].concat());
+            undo.push(filter_del(ns, dev, p));
         };
         for (from, to) in [(a, b), (b, a)] {
             let ns = self.spec.host_ns(from);
@@ -198,18 +235,27 @@ impl NetFaults {
                 add(&ns, dev, prio + 1, cut, CUT_CLASS);
             }
         }
+        undo.reverse();
         (apply, undo)
     }
 
-    fn slow(&self, h: u32, rate_bps: u64) -> (Undo, Undo) {
-        let ns = self.spec.host_ns(h);
-        let (mut apply, mut undo) = (Vec::new(), Vec::new());
-        for (dev, _, rate) in self.devs(h) {
-            let slow = format!("{}bit", rate_bps.max(8_000));
-            apply.push(spec::htb_class_cmd("change", &ns, dev, PASS_CLASS, &slow));
-            undo.push(spec::htb_class_cmd("change", &ns, dev, PASS_CLASS, &rate));
+    /// Host `h`'s links, both ways (its own transmit side and the switch's port towards
+    /// it, as the model slows frames from and to a node), at `rate_bps`, or at the rate
+    /// they had at `up` (`None`).
+    fn rate_commands(&self, h: u32, rate_bps: Option<u64>) -> Undo {
+        let (ns, sw) = (self.spec.host_ns(h), self.spec.switch_ns());
+        let mut c = Vec::new();
+        for (dev, _, line) in self.devs(h) {
+            let rate = rate_bps.map_or(line, |r| format!("{}bit", r.max(8_000)));
+            let port = if dev == "eth0" {
+                format!("h{h}")
+            } else {
+                format!("ah{h}")
+            };
+            c.push(spec::htb_class_cmd("change", &ns, dev, PASS_CLASS, &rate));
+            c.push(spec::htb_class_cmd("change", &sw, &port, PASS_CLASS, &rate));
         }
-        (apply, undo)
+        c
     }
 
     /// `ss -K` in `node`'s namespace: its TCP connections to the ICN's control address
@@ -240,54 +286,106 @@ impl NetFaults {
         }
     }
 
-    /// Applies `f` to `node`; the key to `heal` it with (none: nothing to undo).
+    /// Applies `f` to `node`; the key to `heal` it with (none: nothing to undo). The
+    /// commands run under the lock, so a run that ends meanwhile (`heal_all`) undoes
+    /// all of it or finds nothing to undo and refuses what comes later. A fault applied
+    /// in part is undone at once.
     pub fn start(&self, node: &str, f: &NetFault) -> anyhow::Result<Option<u32>> {
-        let prio = {
-            let mut s = self.state.lock().expect("net faults lock");
-            if s.next_prio + 1 > LAST_PRIO {
-                bail!("{node}: more network faults in one run than filter priorities");
+        let mut s = self.state.lock().expect("net faults lock");
+        if s.closed {
+            bail!("{node}: the run is over");
+        }
+        let key = match f {
+            NetFault::ExpireSession => next(&mut s.next_expiry, &EXPIRY_PRIOS, node)?,
+            NetFault::Partition { .. } => next(&mut s.next_partition, &PARTITION_PRIOS, node)?,
+            NetFault::Slow { .. } | NetFault::Reset { .. } => {
+                s.next_slow += 1;
+                s.next_slow
             }
-            s.next_prio += 2;
-            s.next_prio - 2
         };
-        let (apply, undo) = self.commands(node, f, prio)?;
-        // Recorded first: a run that ends while it is applied still undoes it.
-        if !undo.is_empty() {
-            let mut s = self.state.lock().expect("net faults lock");
-            s.in_force.insert(prio, undo);
+        if let NetFault::Slow { rate_bps } = f {
+            // `heal` works out the rate that remains.
+            let h = self.host(node)?;
+            s.slow.insert(key, (h, *rate_bps));
+            let lowest = slowest(&s.slow, h).unwrap_or(*rate_bps);
+            run_all(&self.rate_commands(h, Some(lowest)))?;
+            return Ok(Some(key));
         }
-        for c in &apply {
-            super::sh(c)?;
+        let (apply, undo) = self.commands(node, f, key)?;
+        if let Err(e) = run_all(&apply) {
+            let _ = run_all(&undo);
+            return Err(e);
         }
-        Ok((!matches!(f, NetFault::Reset { .. })).then_some(prio))
+        if matches!(f, NetFault::Reset { .. }) {
+            return Ok(None);
+        }
+        s.in_force.insert(key, undo);
+        Ok(Some(key))
     }
 
-    /// Undoes the fault `key`; an error names the command that failed.
+    /// Undoes the fault `key` (every command is tried; the first error is returned).
     pub fn heal(&self, key: u32) -> anyhow::Result<()> {
-        let undo = self
-            .state
-            .lock()
-            .expect("net faults lock")
-            .in_force
-            .remove(&key);
-        for c in undo.unwrap_or_default() {
-            super::sh(&c)?;
-        }
-        Ok(())
+        let mut s = self.state.lock().expect("net faults lock");
+        self.heal_locked(&mut s, key)
     }
 
-    /// Undoes every fault still in force (the run is over); failures are logged.
+    fn heal_locked(&self, s: &mut State, key: u32) -> anyhow::Result<()> {
+        if let Some((h, _)) = s.slow.remove(&key) {
+            let rate = slowest(&s.slow, h);
+            return run_all(&self.rate_commands(h, rate));
+        }
+        let undo = s.in_force.remove(&key).unwrap_or_default();
+        run_all(&undo)
+    }
+
+    /// Undoes every fault still in force and refuses later ones (the run is over);
+    /// failures are logged.
     pub fn heal_all(&self) {
-        let keys: Vec<u32> = {
-            let s = self.state.lock().expect("net faults lock");
-            s.in_force.keys().copied().collect()
-        };
+        let mut s = self.state.lock().expect("net faults lock");
+        s.closed = true;
+        let keys: Vec<u32> = s.in_force.keys().chain(s.slow.keys()).copied().collect();
         for k in keys {
-            if let Err(e) = self.heal(k) {
+            if let Err(e) = self.heal_locked(&mut s, k) {
                 tracing::warn!("healing a network fault: {e:#}");
             }
         }
     }
+}
+
+/// The next free pair of filter priorities in `range`.
+fn next(at: &mut u32, range: &std::ops::Range<u32>, node: &str) -> anyhow::Result<u32> {
+    if *at + 1 >= range.end {
+        bail!("{node}: more network faults in one run than filter priorities");
+    }
+    *at += 2;
+    Ok(*at - 2)
+}
+
+/// The lowest rate of the slow links in force on host `h`.
+fn slowest(slow: &BTreeMap<u32, (u32, u64)>, h: u32) -> Option<u64> {
+    slow.values()
+        .filter(|(x, _)| *x == h)
+        .map(|(_, r)| *r)
+        .min()
+}
+
+/// Runs every command; the first error, after trying them all.
+fn run_all(cmds: &[Argv]) -> anyhow::Result<()> {
+    let mut first = None;
+    for c in cmds {
+        if let Err(e) = super::sh(c) {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+fn filter_del(ns: &str, dev: &str, prio: u32) -> Argv {
+    let mut c = argv(&[
+        "tc", "-n", ns, "filter", "del", "dev", dev, "parent", "1:", "prio",
+    ]);
+    c.push(prio.to_string());
+    c
 }
 
 fn filter(ns: &str, dev: &str, prio: u32, matches: &[&str], class: &str) -> Argv {
@@ -314,7 +412,7 @@ mod tests {
             flps: vec![2, 3],
             epns: vec![4, 5],
         };
-        NetFaults::new(spec, &place, Some(2181), 1000)
+        NetFaults::new(spec, &place, Some((2181, 200, 1000)))
     }
 
     fn joined(c: &[Argv]) -> Vec<String> {
