@@ -48,6 +48,10 @@ pub enum Input<P> {
         outcome: Result<(), Reason>,
         stfs: Vec<(FlpId, P)>,
     },
+    /// The ICN is lost, the run kept for one that takes it over: TFs built from now on
+    /// are held back until that ICN's RunStart (its Abandons of TFs that ended, or go
+    /// on at another EPN, come before it).
+    IcnLost,
 }
 
 /// When a handed-on TF counts as complete.
@@ -109,6 +113,12 @@ pub struct EpnCore<P> {
     unreleased: BTreeMap<TfId, TfReport>,
     /// Pull mode: tell the ICN of every STF that arrived (its transfer's tokens go on).
     pull: bool,
+    /// The ICN is lost: TFs built meanwhile are held back here, neither handed on nor
+    /// reported complete, until an ICN that took the run over starts it. The ICN that
+    /// lost this EPN may have given them to another EPN; if it did not die, its answer
+    /// to the rejoin ends this run (and what waits here) instead.
+    away: bool,
+    held_back: BTreeMap<TfId, Out<P>>,
 }
 
 /// What an EPN holds, as the `TfsHeld` frames it tells an ICN taking over the run
@@ -143,6 +153,8 @@ impl<P> EpnCore<P> {
             stopping: false,
             unreleased: BTreeMap::new(),
             pull: false,
+            away: false,
+            held_back: BTreeMap::new(),
         }
     }
 
@@ -152,6 +164,7 @@ impl<P> EpnCore<P> {
         let mut building: Vec<TfId> = self.builder.building_ids().collect();
         building.extend(self.at_sinks.keys().copied());
         building.extend(self.order.iter().flat_map(|o| o.held_ids()));
+        building.extend(self.held_back.keys().copied());
         building.sort_unstable();
         building.dedup();
         (building, self.unreleased.values().cloned().collect())
@@ -164,9 +177,9 @@ impl<P> EpnCore<P> {
         self
     }
 
-    /// TFs at the sinks or waiting for their turn.
+    /// TFs at the sinks, waiting for their turn, or held back while the ICN is away.
     pub fn delivering(&self) -> usize {
-        self.at_sinks.len() + self.order.as_ref().map_or(0, |o| o.held())
+        self.at_sinks.len() + self.order.as_ref().map_or(0, |o| o.held()) + self.held_back.len()
     }
 
     /// TFs handed on after a newer one (in-order delivery only).
@@ -223,6 +236,7 @@ impl<P> EpnCore<P> {
             Input::Control(m) => self.on_control(m, &mut out),
             Input::Tick { free_bytes } => self.on_tick(now_us, free_bytes, &mut out),
             Input::Delivered { tf, outcome, stfs } => self.delivered(tf, outcome, stfs),
+            Input::IcnLost => self.away = true,
         }
         self.settle(&mut out);
         self.scratch = out;
@@ -328,6 +342,13 @@ impl<P> EpnCore<P> {
             Message::Abandon { tf_id, reason } => {
                 tracing::debug!("EPN {me}: ICN abandoned TF {tf_id} ({})", reason.name());
                 self.builder.abandon(tf_id, out);
+                if let Some(o) = self.held_back.remove(&tf_id) {
+                    if let Out::Built(b) = o {
+                        out.extend(b.stfs.into_iter().map(|(_, p)| Out::Free(p)));
+                    }
+                    let n = self.held_back.len() as u64;
+                    self.metrics.set_level("tfs_held_back", n);
+                }
                 let held = self.order.as_mut().and_then(|o| o.take(tf_id));
                 for (_, p) in held.into_iter().flat_map(|b| b.stfs) {
                     out.push(Out::Free(p));
@@ -336,7 +357,10 @@ impl<P> EpnCore<P> {
                     self.abandoned.insert(tf_id);
                 }
             }
-            Message::RunStart { run_id, .. } => tracing::info!("EPN {me}: run {run_id} started"),
+            Message::RunStart { run_id, .. } => {
+                tracing::info!("EPN {me}: run {run_id} started");
+                self.go_on(out);
+            }
             Message::Release { tf_id } => {
                 self.unreleased.remove(&tf_id);
             }
@@ -371,8 +395,31 @@ impl<P> EpnCore<P> {
         }
     }
 
+    /// The run (taken over) goes on: what was held back goes on too.
+    fn go_on(&mut self, out: &mut Vec<Out<P>>) {
+        self.away = false;
+        if !self.held_back.is_empty() {
+            let me = self.me;
+            let n = self.held_back.len();
+            tracing::info!("EPN {me}: {n} TFs built while the ICN was away go on");
+            out.extend(std::mem::take(&mut self.held_back).into_values());
+            self.metrics.set_level("tfs_held_back", 0);
+        }
+    }
+
+    fn hold_back(&mut self, tf: TfId, o: Out<P>) {
+        let old = self.held_back.insert(tf, o);
+        assert!(old.is_none(), "TF {tf} built twice while the ICN was away");
+        self.metrics
+            .set_level("tfs_held_back", self.held_back.len() as u64);
+    }
+
     fn carry(&mut self, o: Out<P>) {
         match o {
+            Out::Built(b) if self.away => self.hold_back(b.tf, Out::Built(b)),
+            Out::Report(r) if self.away && r.status == TfStatus::Complete => {
+                self.hold_back(r.tf_id, Out::Report(r))
+            }
             Out::Report(r) => {
                 if let Some(order) = self.order.as_mut() {
                     order.closed(r.tf_id);
@@ -662,6 +709,51 @@ mod tests {
             verdict(&mut c, 7, Ok(())).last(),
             Some(Action::Stopped)
         ));
+    }
+
+    #[test]
+    fn tfs_built_while_the_icn_is_away_wait_for_the_run_start_of_the_one_that_took_over() {
+        // With sinks: a TF built meanwhile is neither handed on nor reported.
+        let mut c = sinks(CompleteOn::Built, None);
+        c.handle(0, Input::IcnLost);
+        for tf in [7, 8] {
+            let a = build(&mut c, tf);
+            assert!(delivered(&a).is_empty() && reports(&a).is_empty(), "{a:?}");
+        }
+        assert_eq!(
+            c.held().0,
+            [7, 8],
+            "told as building to the ICN taking over"
+        );
+        // The new ICN moved TF 8 elsewhere (or it ended): its STFs are freed, unreported.
+        c.handle(
+            0,
+            Input::Control(Message::Abandon {
+                tf_id: 8,
+                reason: Reason::EpnLost,
+            }),
+        );
+        let a = drain(&mut c);
+        assert_eq!(a.iter().filter(|x| matches!(x, Action::Free(_))).count(), 2);
+        assert!(delivered(&a).is_empty() && reports(&a).is_empty(), "{a:?}");
+        let start = Message::RunStart {
+            run_id: 1,
+            elapsed_us: 0,
+        };
+        c.handle(0, Input::Control(start.clone()));
+        let a = drain(&mut c);
+        assert_eq!(delivered(&a), [7]);
+        assert_eq!(reports(&a), [(7, TfStatus::Complete)]);
+        // Build and discard: the complete report waits the same way.
+        let (mut c, m) = epn(None);
+        c.handle(0, Input::IcnLost);
+        assign(&mut c, 9, 3);
+        stf(&mut c, 0, 9, 0);
+        let a = stf(&mut c, 0, 9, 1);
+        assert!(reports(&a).is_empty(), "{a:?}");
+        assert_eq!(m.counter("tfs.complete.none"), 0);
+        c.handle(0, Input::Control(start));
+        assert_eq!(reports(&drain(&mut c)), [(9, TfStatus::Complete)]);
     }
 
     #[test]

@@ -511,7 +511,10 @@ impl BuildShell {
                     }
                     Some(BuildEvent::IcnAway(away)) => {
                         clock.stop(away);
-                        continue;
+                        if !away {
+                            continue;
+                        }
+                        Input::IcnLost
                     }
                     None => return Ok(()),
                 },

@@ -46,7 +46,7 @@ pub enum BuildEvent {
     Held(tokio::sync::oneshot::Sender<(Vec<TfId>, Vec<fanin_proto::TfReport>)>),
     /// The EPN lost its ICN (`true`, the run kept for a take-over) or has one again:
     /// build time-outs do not run out meanwhile (an FLP that missed an Assign gets it
-    /// again from the new ICN).
+    /// again from the new ICN), and TFs built meanwhile are held back (`Input::IcnLost`).
     IcnAway(bool),
 }
 

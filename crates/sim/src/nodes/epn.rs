@@ -4,7 +4,8 @@
 //! An incarnation joins, builds its core at Prepare, says Ready, ticks every 20 ms,
 //! takes arriving STFs into its byte-limited build buffer (no room: lost, named), and
 //! leaves with its counters once the core says it stopped. A run kept while its ICN is
-//! away goes on building on a stopped clock; the ICN taking over hears what it holds.
+//! away goes on building on a stopped clock, holding back what it builds until the
+//! RunStart of the ICN that took it over, which hears what it holds first.
 
 use fanin_node::budget::ByteBudget;
 use fanin_node::config::check_prepare;
@@ -160,11 +161,13 @@ impl World {
         }
     }
 
-    /// Its ICN died or was deposed: the run is kept, its build clock stops.
+    /// Its ICN is lost: the run is kept, its build clock stops, what it builds is held
+    /// back.
     pub fn epn_away(&mut self, i: u32, now: Time) {
         if let Some(run) = self.epn_run(i) {
             run.away = Some(false);
             run.clock.stop(true, now); // stopped already if the last ICN never went on
+            self.epn_feed(i, Input::IcnLost);
         }
     }
 

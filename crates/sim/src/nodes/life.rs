@@ -2,8 +2,9 @@
 //! and its incarnations (one per control connection); starts, kills, freezes and thaws.
 //!
 //! A kill ends the process (a restart is a new one); a lost ICN ends only the
-//! incarnation (the process joins again), except across a take-over: an ICN that died
-//! or was deposed leaves the nodes' runs kept for its standby. A frozen process handles
+//! incarnation (the process joins again). With a registry a node keeps its run for an
+//! ICN that takes it over, as the runtime does; an ICN that did not die answers its
+//! rejoin with `resume = false`, and the kept run ends. A frozen process handles
 //! nothing: what reaches it waits, in order, for the thaw.
 
 use std::collections::VecDeque;
@@ -152,8 +153,10 @@ impl World {
             ),
             End::Icn => false,
         };
-        if started && icn_gone {
-            // Its run is kept for the ICN that takes it over.
+        if started && self.zk.is_some() {
+            // Its run is kept for an ICN that takes it over (as `fanin flp` and `fanin
+            // epn` do whenever they lose the ICN; the same ICN answers the rejoin with
+            // `resume = false`, and the kept run ends).
             self.proc_mut(end).conn = None;
             self.keep_run(end);
             return self.rejoin(end, REJOIN);

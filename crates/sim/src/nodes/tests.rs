@@ -91,6 +91,22 @@ fn a_small_campaign_keeps_every_promise() {
     assert!(t.faults > 40, "{}", t.line());
 }
 
+/// Seeds the campaign found, each a bug fixed:
+/// - 933: EPN 2's control connection reset, the EPN frozen, the ICN killed. The ICN had
+///   moved EPN 2's TFs away; EPN 2 kept its run and built them too, and both copies
+///   completed. A kept EPN now holds back what it builds until the new ICN's RunStart
+///   (its Abandons of the other copies come first).
+/// - 7606: the ICN killed as the run's last TF ended; every node had left, the standby
+///   waited for them and gave the run up. A take-over now goes on with nobody.
+#[test]
+fn seeds_the_campaign_found_keep_every_promise() {
+    for seed in [933, 7606] {
+        let (o, v) = chaos::run_case(&chaos::case(seed)).unwrap();
+        assert_eq!(v, Vec::<String>::new(), "seed {seed}");
+        assert!(o.seen.takeovers > 0, "seed {seed}: no take-over");
+    }
+}
+
 #[test]
 fn faults_read_and_write_as_toml() {
     let text = r#"

@@ -102,7 +102,9 @@ impl IcnCore {
     /// Every node of the pre-run is ready: the run starts (a held one waits for START).
     pub(super) fn maybe_all_ready(&mut self) {
         let prerun = matches!(self.phase, Phase::Preparing);
-        if !prerun || self.peers.is_empty() || !self.peers.values().all(|p| p.ready) {
+        // A take-over goes on even when nobody came back: its TFs must end here.
+        let nobody = self.peers.is_empty() && self.gathered.is_none();
+        if !prerun || nobody || !self.peers.values().all(|p| p.ready) {
             return;
         }
         if self.cfg.hold_start {

@@ -171,7 +171,8 @@ impl IcnCore {
             self.log(Level::Warn, line.clone());
             self.note(line);
             self.phase_deadline = Some(self.now + self.cfg.run.drain_timeout());
-            return self.prepare();
+            self.prepare();
+            return self.maybe_all_ready(); // nobody came back: nothing to wait for
         }
         let cfg = &self.cfg.run.cfg;
         let missing_flps: Vec<u32> = (0..cfg.flps)
