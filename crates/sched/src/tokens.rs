@@ -2,8 +2,9 @@
 //! reading from one FLP and at most `per_epn` STFs read by one EPN at once.
 //!
 //! As ALICE's TfScheduler token manager: an EPN wants the STFs of its TF from a set of
-//! FLPs and gets a token for one it still needs whose FLP has one free; oldest TF
-//! first. The grant picks among the free FLPs from a point that depends on the EPN and
+//! FLPs and gets a token for one it still needs whose FLP has one free; a TF whose
+//! transfers began first (its EPN's build time-out runs from its first STF), then the
+//! oldest TF. The grant picks among the free FLPs from a point that depends on the EPN and
 //! TF, so EPNs spread over the FLPs instead of all reading from the same one. The
 //! runtime and the simulators call this code; it has no clock, I/O or randomness.
 
@@ -26,6 +27,8 @@ struct Want {
     tf: TfId,
     /// FLPs whose STF it still needs and has no token for.
     flps: BTreeSet<FlpId>,
+    /// One of its transfers was granted: its EPN is building it.
+    started: bool,
 }
 
 /// The token state of one run.
@@ -77,7 +80,16 @@ impl TokenManager {
         }
         // Oldest TF first: a TF that moved to another EPN keeps its place.
         let i = self.wants.partition_point(|w| w.tf <= tf);
-        self.wants.insert(i, Want { epn, tf, flps });
+        let started = false;
+        self.wants.insert(
+            i,
+            Want {
+                epn,
+                tf,
+                flps,
+                started,
+            },
+        );
         let mut out = Vec::new();
         while let Some(g) = self.grant_from(i) {
             out.push(g);
@@ -104,16 +116,19 @@ impl TokenManager {
         assert!(*e > 0, "EPN {} has no token out", g.epn);
         *e -= 1;
         let mut out = Vec::new();
-        // The oldest want that can use a freed token gets it, while any can. Only the
-        // freed EPN's wants and those that need the freed FLP can (no other could
-        // before, and nothing frees a token meanwhile).
-        let mut i = 0;
-        while i < self.wants.len() {
-            let w = &self.wants[i];
-            let gains = w.epn == g.epn || w.flps.contains(&g.flp);
-            match gains.then(|| self.grant_from(i)).flatten() {
-                Some(gr) => out.push(gr),
-                None => i += 1,
+        // The oldest started want that can use a freed token gets it, then the oldest
+        // of any, while any can. Only the freed EPN's wants and those that need the
+        // freed FLP can (no other could before, and nothing frees a token meanwhile).
+        for started_only in [true, false] {
+            let mut i = 0;
+            while i < self.wants.len() {
+                let w = &self.wants[i];
+                let gains =
+                    (w.started || !started_only) && (w.epn == g.epn || w.flps.contains(&g.flp));
+                match gains.then(|| self.grant_from(i)).flatten() {
+                    Some(gr) => out.push(gr),
+                    None => i += 1,
+                }
             }
         }
         self.wants.retain(|w| !w.flps.is_empty());
@@ -202,6 +217,7 @@ impl TokenManager {
             .find(free)?;
         let (epn, tf) = (w.epn, w.tf);
         self.wants[i].flps.remove(&flp);
+        self.wants[i].started = true;
         *self.out.entry(Grant { epn, tf, flp }).or_insert(0) += 1;
         *slot(&mut self.flp_busy, flp) += 1;
         *slot(&mut self.epn_busy, epn) += 1;
@@ -276,6 +292,23 @@ mod tests {
                 flp: 5
             }]
         );
+    }
+
+    #[test]
+    fn a_tf_whose_transfers_began_goes_before_an_older_one_moved_here() {
+        let mut t = TokenManager::new(1, 1);
+        let first = t.want(1, 20, [5, 6]);
+        assert_eq!(first.len(), 1);
+        // TF 10 moves here (its EPN died): older, but not begun here.
+        assert!(t.want(1, 10, [5, 6]).is_empty());
+        let next = t.done(first[0]);
+        assert_eq!(next.len(), 1);
+        assert_eq!(
+            next[0].tf, 20,
+            "TF 20's build time-out runs: it finishes first"
+        );
+        assert_ne!(next[0].flp, first[0].flp);
+        assert_eq!(t.done(next[0])[0].tf, 10);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod receiver;
 pub mod sink;
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +97,10 @@ struct KeptRun {
     b_tx: mpsc::Sender<BuildEvent>,
     /// The build task's way to the ICN (a new control connection replaces it).
     ctl: tokio::sync::watch::Sender<mpsc::Sender<Message>>,
+    /// The ICN is away (the run kept for a take-over): the build task reads it before
+    /// every event, so neither a full event queue nor the events queued before it
+    /// delay it.
+    icn_away: Arc<AtomicBool>,
 }
 
 async fn run_once(
@@ -171,6 +176,7 @@ async fn start(
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener.clone(), ctx)));
     let (core, sinks) = build_core(opts, me, &prep, &b_tx, metrics)?;
     let (ctl_watch, ctl) = tokio::sync::watch::channel(ctl_tx.clone());
+    let icn_away = Arc::new(AtomicBool::new(false));
     let shell = BuildShell {
         core,
         sinks,
@@ -178,6 +184,8 @@ async fn start(
         budget,
         pool,
         metrics: metrics.clone(),
+        icn_away: icn_away.clone(),
+        told_away: false,
     };
     let build_task = AbortOnDrop(tokio::spawn(shell.run(b_rx)));
     let ready = Message::Ready {
@@ -193,6 +201,7 @@ async fn start(
         build_task,
         b_tx,
         ctl: ctl_watch,
+        icn_away,
     }))
 }
 
@@ -243,7 +252,7 @@ fn keep(
     err: NodeError,
 ) -> Result<(), NodeError> {
     if reg.is_some() {
-        let _ = k.b_tx.try_send(BuildEvent::IcnAway(true));
+        k.icn_away.store(true, Ordering::Release);
         *kept.borrow_mut() = Some(k);
     }
     Err(err)
@@ -313,7 +322,7 @@ async fn take_part(
         connected: 0,
     };
     joined.ctl.send(ready).await.map_err(|e| lost(&e))?;
-    let _ = k.b_tx.send(BuildEvent::IcnAway(false)).await;
+    k.icn_away.store(false, Ordering::Release);
     Ok(true)
 }
 
@@ -475,6 +484,9 @@ struct BuildShell {
     budget: Arc<ByteBudget>,
     pool: Arc<BufPool>,
     metrics: Arc<Metrics>,
+    /// Set while the ICN is away (`KeptRun::icn_away`), and what the core was told.
+    icn_away: Arc<AtomicBool>,
+    told_away: bool,
 }
 
 impl BuildShell {
@@ -506,15 +518,9 @@ impl BuildShell {
                     }
                     Some(BuildEvent::SinkFatal(msg)) => anyhow::bail!("EPN sink: {msg}"),
                     Some(BuildEvent::Held(tx)) => {
+                        self.follow_icn(&mut clock);
                         let _ = tx.send(self.core.held());
                         continue;
-                    }
-                    Some(BuildEvent::IcnAway(away)) => {
-                        clock.stop(away);
-                        if !away {
-                            continue;
-                        }
-                        Input::IcnLost
                     }
                     None => return Ok(()),
                 },
@@ -524,11 +530,26 @@ impl BuildShell {
                     Input::Tick { free_bytes }
                 }
             };
+            self.follow_icn(&mut clock);
             self.core.handle(clock.now_us(), input);
             if self.carry_out().await? {
                 publish(self.core.builder(), &self.budget, &self.metrics);
                 return Ok(());
             }
+        }
+    }
+
+    /// The ICN went away (the build clock stops, the core holds back what it builds) or
+    /// an ICN took the run over (the clock goes on; the core goes on at its RunStart).
+    fn follow_icn(&mut self, clock: &mut TaskClock) {
+        let away = self.icn_away.load(Ordering::Acquire);
+        if away == self.told_away {
+            return;
+        }
+        self.told_away = away;
+        clock.stop(away);
+        if away {
+            self.core.handle(clock.now_us(), Input::IcnLost);
         }
     }
 

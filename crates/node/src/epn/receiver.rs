@@ -44,10 +44,6 @@ pub enum BuildEvent {
     SinkFatal(String),
     /// An ICN took the run over: what the EPN holds (TFs building, unreleased reports).
     Held(tokio::sync::oneshot::Sender<(Vec<TfId>, Vec<fanin_proto::TfReport>)>),
-    /// The EPN lost its ICN (`true`, the run kept for a take-over) or has one again:
-    /// build time-outs do not run out meanwhile (an FLP that missed an Assign gets it
-    /// again from the new ICN), and TFs built meanwhile are held back (`Input::IcnLost`).
-    IcnAway(bool),
 }
 
 /// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay

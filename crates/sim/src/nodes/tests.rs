@@ -100,11 +100,25 @@ fn a_small_campaign_keeps_every_promise() {
 ///   waited for them and gave the run up. A take-over now goes on with nobody.
 #[test]
 fn seeds_the_campaign_found_keep_every_promise() {
-    for seed in [933, 7606] {
+    let run = |seed| {
         let (o, v) = chaos::run_case(&chaos::case(seed)).unwrap();
         assert_eq!(v, Vec::<String>::new(), "seed {seed}");
         assert!(o.seen.takeovers > 0, "seed {seed}: no take-over");
-    }
+        o
+    };
+    // The scenario is still the one that found the bug: EPN 2 kept TFs the dead ICN had
+    // moved away, and told the new one it builds them.
+    let o = run(933);
+    let told = |l: &&String| l.starts_with("EPN 2: the run was taken over; it builds [32,");
+    assert!(o.seen.log.iter().any(|l| told(&l)), "{:#?}", o.seen.log);
+    let o = run(7606);
+    let nobody = "0 of 4 FLPs and 0 of 2 EPNs came back; going on with them";
+    assert!(
+        o.summary.events.iter().any(|e| e.contains(nobody)),
+        "{:?}",
+        o.summary.events
+    );
+    assert!(o.ended && o.fatal.is_none());
 }
 
 #[test]
