@@ -46,25 +46,10 @@ pub async fn run_on(
     let mut l = Launcher::new(cfg, dir, net)?;
     l.node_plan = node_plan;
     let zk_server = l.start_registry()?;
-    let net_faults = match net {
-        Some(n) => {
-            let zk = zk_server
-                .as_ref()
-                .map(|z| (z.port(), cfg.zk_tick_ms, cfg.zk_session_timeout_ms));
-            let nf = NetFaults::new(n.spec.clone(), &n.place, zk);
-            // Each fault checked against the placement before anything runs.
-            for p in &planned {
-                if let Some(f) = &p.net {
-                    nf.commands(&p.name, f, 0)
-                        .with_context(|| format!("fault {} {}", p.fault.action.name(), p.name))?;
-                }
-            }
-            // Also without faults: what an earlier run left on the testbed goes.
-            nf.prepare()?;
-            Some(Arc::new(nf))
-        }
-        _ => None,
-    };
+    let zk = zk_server
+        .as_ref()
+        .map(|z| (z.port(), cfg.zk_tick_ms, cfg.zk_session_timeout_ms));
+    let net_faults = net.map(|n| net_faults(n, &planned, zk)).transpose()?;
     let icn = l.start_icn().await?;
     let mut standby = if icn_fault {
         Some(l.start_standby()?)
@@ -95,6 +80,25 @@ pub async fn run_on(
     let status = ending::wait_icns(&nodes, standby.as_mut().map(|s| &mut s.0), took_over).await?;
     ending::reap_nodes(&nodes, &injected, prefix, dir).await;
     ending::summary(dir, status, &injected, watch.takeover)
+}
+
+/// The testbed's network faults for this run (`zk`: its own ZooKeeper server's port,
+/// tick and session time-out): each fault checked against the placement, and what an
+/// earlier run left on the testbed undone, before anything runs (also without faults).
+fn net_faults(
+    n: &OnTestbed,
+    planned: &[Planned],
+    zk: Option<(u16, u64, u64)>,
+) -> anyhow::Result<Arc<NetFaults>> {
+    let nf = NetFaults::new(n.spec.clone(), &n.place, zk);
+    for p in planned {
+        if let Some(f) = &p.net {
+            nf.commands(&p.name, f, 0)
+                .with_context(|| format!("fault {} {}", p.fault.action.name(), p.name))?;
+        }
+    }
+    nf.prepare()?;
+    Ok(Arc::new(nf))
 }
 
 /// The goats among the faults (node, complete TFs before dying), and every fault.
