@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::fanin;
+use common::{fanin, run_ok};
 
 /// Skips (loudly) only when the README's opt-out is set; otherwise demands root.
 fn root_or_skip(test: &str) -> bool {
@@ -230,17 +230,11 @@ epns = [3, 4]
         ),
     )
     .unwrap();
-    let out = fanin()
-        .args(["run", exp.to_str().unwrap(), "--iperf-seconds", "1"])
-        .arg("--results")
-        .arg(dir.join("results"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run_ok(
+        fanin()
+            .args(["run", exp.to_str().unwrap(), "--iperf-seconds", "1"])
+            .arg("--results")
+            .arg(dir.join("results")),
     );
     assert!(text.contains("on testbed fbt-run"), "{text}");
     assert!(
@@ -440,17 +434,11 @@ at_s = 4.5
         ),
     )
     .unwrap();
-    let out = fanin()
-        .args(["run", exp.to_str().unwrap(), "--iperf-seconds", "0"])
-        .arg("--results")
-        .arg(dir.join("results"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let text = run_ok(
+        fanin()
+            .args(["run", exp.to_str().unwrap(), "--iperf-seconds", "0"])
+            .arg("--results")
+            .arg(dir.join("results")),
     );
     assert!(text.contains("invariant ok"), "{text}");
     let f = faults_json(&dir.join("results"));
@@ -539,26 +527,16 @@ fn the_real_campaign_parts_and_resets_links_on_its_testbed() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let out = fanin()
-        .args([
-            "chaos",
-            "--real",
-            "--testbed",
-            "--first",
-            "1",
-            "--seeds",
-            "3",
-        ])
-        .arg("--results")
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = [
+        "chaos",
+        "--real",
+        "--testbed",
+        "--first",
+        "1",
+        "--seeds",
+        "3",
+    ];
+    let text = run_ok(fanin().args(args).arg("--results").arg(tmp.path()));
     assert!(
         text.contains("real seeds 3 on the testbed, violations 0"),
         "{text}"
