@@ -503,18 +503,9 @@ at_s = 4.5
     for h in 1..=4 {
         let ns = format!("{name}-h{h}");
         for dev in ["eth0", "eth1"] {
-            let out = Command::new("tc")
-                .args(["-n", &ns, "filter", "show", "dev", dev])
-                .output()
-                .unwrap();
-            let filters = String::from_utf8_lossy(&out.stdout);
-            assert!(filters.trim().is_empty(), "{ns} {dev}: {filters}");
-            let out = Command::new("tc")
-                .args(["-n", &ns, "class", "show", "dev", dev, "classid", "1:1"])
-                .output()
-                .unwrap();
-            let class = String::from_utf8_lossy(&out.stdout);
-            assert!(class.contains("rate 1Gbit"), "{ns} {dev}: {class}");
+            assert_eq!(filters(&ns, dev), Vec::<u32>::new(), "{ns} {dev}");
+            let c = class(&ns, dev);
+            assert!(c.contains("rate 1Gbit"), "{ns} {dev}: {c}");
         }
     }
 }
