@@ -181,12 +181,9 @@ pub fn sh(argv: &[String]) -> anyhow::Result<String> {
 
 /// The priorities of the filters on `dev`'s root qdisc in namespace `ns`.
 pub fn filter_prefs(ns: &str, dev: &str) -> anyhow::Result<Vec<u32>> {
-    let argv: Vec<String> = [
+    let argv = spec::argv(&[
         "tc", "-j", "-n", ns, "filter", "show", "dev", dev, "parent", "1:",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
     let out = sh(&argv)?;
     let v: serde_json::Value = serde_json::from_str(out.trim())
         .with_context(|| format!("reading `{}`", argv.join(" ")))?;
@@ -409,10 +406,7 @@ fn status(name: &str) -> anyhow::Result<()> {
 
 /// Packets sent and dropped by the root qdisc of `dev` in `ns` (`?` if unreadable).
 fn qdisc_counters(ns: &str, dev: &str) -> (String, String) {
-    let argv: Vec<String> = ["tc", "-j", "-s", "-n", ns, "qdisc", "show", "dev", dev]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let argv = spec::argv(&["tc", "-j", "-s", "-n", ns, "qdisc", "show", "dev", dev]);
     let Ok(out) = sh(&argv) else {
         return ("?".into(), "?".into());
     };

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use anyhow::bail;
 
-use super::spec::{self, Spec};
+use super::spec::{self, argv, Spec};
 use crate::experiment::{ControlNet, Placement};
 
 /// A host link's class whose queue holds nothing: what a filter sends there is dropped.
@@ -26,10 +26,6 @@ const EXPIRY_PRIOS: std::ops::Range<u32> = 10..500;
 const PARTITION_PRIOS: std::ops::Range<u32> = 500..spec::LOSS_PRIO;
 
 pub type Argv = Vec<String>;
-
-fn argv(args: &[&str]) -> Argv {
-    args.iter().map(|s| s.to_string()).collect()
-}
 
 /// A fault in force: the commands that undo it.
 type Undo = Vec<Argv>;
@@ -149,15 +145,9 @@ impl NetFaults {
 
     /// Host `h`'s devices: (name, its address, the class rate it had at `up`).
     fn devs(&self, h: u32) -> Vec<(&'static str, Ipv4Addr, String)> {
-        let mut d = vec![(
-            "eth0",
-            self.spec.data_ip(h),
-            format!("{}bit", self.spec.data.rate_bps),
-        )];
-        if let (Some(ip), Some(aux)) = (self.spec.aux_ip(h), self.spec.aux) {
-            d.push(("eth1", ip, format!("{}bit", aux.rate_bps)));
-        }
-        d
+        let rate = |l: &spec::Link| format!("{}bit", l.shaping.rate_bps);
+        let links = self.spec.links(h);
+        links.iter().map(|l| (l.dev, l.ip, rate(l))).collect()
     }
 
     fn host(&self, node: &str) -> anyhow::Result<u32> {
@@ -245,15 +235,13 @@ impl NetFaults {
     fn rate_commands(&self, h: u32, rate_bps: Option<u64>) -> Undo {
         let (ns, sw) = (self.spec.host_ns(h), self.spec.switch_ns());
         let mut c = Vec::new();
-        for (dev, _, line) in self.devs(h) {
-            let rate = rate_bps.map_or(line, |r| format!("{}bit", r.max(8_000)));
-            let port = if dev == "eth0" {
-                format!("h{h}")
-            } else {
-                format!("ah{h}")
-            };
-            c.push(spec::htb_class_cmd("change", &ns, dev, PASS_CLASS, &rate));
-            c.push(spec::htb_class_cmd("change", &sw, &port, PASS_CLASS, &rate));
+        for l in self.spec.links(h) {
+            let line = l.shaping.rate_bps;
+            let rate = format!("{}bit", rate_bps.map_or(line, |r| r.max(8_000)));
+            c.push(spec::htb_class_cmd("change", &ns, l.dev, PASS_CLASS, &rate));
+            c.push(spec::htb_class_cmd(
+                "change", &sw, &l.port, PASS_CLASS, &rate,
+            ));
         }
         c
     }

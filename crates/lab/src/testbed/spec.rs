@@ -225,78 +225,112 @@ impl Spec {
                 .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
     }
 
+    /// Host `h`'s links: the data network's, then the auxiliary one's, if any.
+    pub fn links(&self, h: u32) -> Vec<Link> {
+        let data = Link {
+            dev: "eth0",
+            bridge: "br0",
+            port: format!("h{h}"),
+            ip: self.data_ip(h),
+            shaping: self.data,
+        };
+        let aux = self.aux.zip(self.aux_ip(h)).map(|(shaping, ip)| Link {
+            dev: "eth1",
+            bridge: "br1",
+            port: format!("ah{h}"),
+            ip,
+            shaping,
+        });
+        std::iter::once(data).chain(aux).collect()
+    }
+
     /// The commands that build the testbed, in order. Each is argv for `Command`.
     pub fn up_commands(&self, ethtool: bool) -> Vec<Vec<String>> {
-        let mut c: Vec<Vec<String>> = Vec::new();
         let sw = self.switch_ns();
-        fn argv(args: &[&str]) -> Vec<String> {
-            args.iter().map(|s| s.to_string()).collect()
-        }
-        macro_rules! push {
-            ($($a:expr),* $(,)?) => { c.push(argv(&[$($a),*])) };
-        }
-        push!("ip", "netns", "add", &sw);
-        push!("ip", "-n", &sw, "link", "set", "lo", "up");
-        let nets: Vec<(&str, &str, &str, Shaping)> =
-            std::iter::once(("br0", "eth0", "", self.data))
-                .chain(self.aux.map(|a| ("br1", "eth1", "a", a)))
-                .collect();
-        for (br, _, _, _) in &nets {
-            push!("ip", "-n", &sw, "link", "add", br, "type", "bridge");
-            push!("ip", "-n", &sw, "link", "set", br, "up");
+        let mut c = vec![
+            argv(&["ip", "netns", "add", &sw]),
+            argv(&["ip", "-n", &sw, "link", "set", "lo", "up"]),
+        ];
+        for l in self.links(1) {
+            c.push(argv(&[
+                "ip", "-n", &sw, "link", "add", l.bridge, "type", "bridge",
+            ]));
+            c.push(argv(&["ip", "-n", &sw, "link", "set", l.bridge, "up"]));
         }
         for h in 1..=self.hosts {
             let ns = self.host_ns(h);
-            push!("ip", "netns", "add", &ns);
-            push!("ip", "-n", &ns, "link", "set", "lo", "up");
-            for (br, dev, pfx, shaping) in &nets {
-                let port = format!("{pfx}h{h}");
-                let ip = if *dev == "eth0" {
-                    format!("{}/24", self.data_ip(h))
-                } else {
-                    format!("{}/24", self.aux_ip(h).expect("aux network"))
-                };
-                push!(
-                    "ip", "-n", &ns, "link", "add", dev, "type", "veth", "peer", "name", &port,
-                    "netns", &sw,
-                );
-                push!("ip", "-n", &sw, "link", "set", &port, "master", br);
-                push!("ip", "-n", &ns, "addr", "add", &ip, "dev", dev);
-                if ethtool {
-                    // One packet per skb, so queue limits and shaping see real packets.
-                    for (n, d) in [(&ns, *dev), (&sw, port.as_str())] {
-                        push!(
-                            "ip", "netns", "exec", n, "ethtool", "-K", d, "tso", "off", "gso",
-                            "off", "gro", "off",
-                        );
-                    }
-                }
-                let rate = shaping.rate_bps.to_string() + "bit";
-                // Host transmit side: the NIC's line rate and transmit queue; delay through
-                // netem (needs CONFIG_NET_SCH_NETEM); loss through a random classifier.
-                let leaf = if shaping.delay_us > 0 {
-                    vec![
-                        "netem".to_string(),
-                        "delay".into(),
-                        format!("{}us", shaping.delay_us),
-                        "limit".into(),
-                        HOST_QUEUE_PACKETS.to_string(),
-                    ]
-                } else {
-                    QueueLimit::Packets(HOST_QUEUE_PACKETS).tc_leaf()
-                };
-                c.extend(shape(&ns, dev, &rate, leaf));
-                if shaping.loss_pct > 0.0 {
-                    c.extend(random_loss(&ns, dev, &rate, shaping.loss_pct));
-                }
-                // Switch port towards the host: line rate and the switch's buffer.
-                c.extend(shape(&sw, &port, &rate, shaping.queue.tc_leaf()));
-                push!("ip", "-n", &ns, "link", "set", dev, "up");
-                push!("ip", "-n", &sw, "link", "set", &port, "up");
+            c.push(argv(&["ip", "netns", "add", &ns]));
+            c.push(argv(&["ip", "-n", &ns, "link", "set", "lo", "up"]));
+            for l in self.links(h) {
+                c.extend(self.link_commands(&ns, &l, ethtool));
             }
         }
         c
     }
+
+    /// One host link (in namespace `ns`): the veth pair to its switch port, its address,
+    /// and its shaping on both ends.
+    fn link_commands(&self, ns: &str, l: &Link, ethtool: bool) -> Vec<Vec<String>> {
+        let (sw, dev, port) = (self.switch_ns(), l.dev, l.port.as_str());
+        let ip = format!("{}/24", l.ip);
+        let mut c = vec![
+            argv(&[
+                "ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", port, "netns",
+                &sw,
+            ]),
+            argv(&["ip", "-n", &sw, "link", "set", port, "master", l.bridge]),
+            argv(&["ip", "-n", ns, "addr", "add", &ip, "dev", dev]),
+        ];
+        if ethtool {
+            // One packet per skb, so queue limits and shaping see real packets.
+            for (n, d) in [(ns, dev), (sw.as_str(), port)] {
+                c.push(argv(&[
+                    "ip", "netns", "exec", n, "ethtool", "-K", d, "tso", "off", "gso", "off",
+                    "gro", "off",
+                ]));
+            }
+        }
+        let shaping = l.shaping;
+        let rate = shaping.rate_bps.to_string() + "bit";
+        // Host transmit side: the NIC's line rate and transmit queue; delay through
+        // netem (needs CONFIG_NET_SCH_NETEM); loss through a random classifier.
+        let leaf = if shaping.delay_us > 0 {
+            let delay = format!("{}us", shaping.delay_us);
+            argv(&[
+                "netem",
+                "delay",
+                &delay,
+                "limit",
+                &HOST_QUEUE_PACKETS.to_string(),
+            ])
+        } else {
+            QueueLimit::Packets(HOST_QUEUE_PACKETS).tc_leaf()
+        };
+        c.extend(shape(ns, dev, &rate, leaf));
+        if shaping.loss_pct > 0.0 {
+            c.extend(random_loss(ns, dev, &rate, shaping.loss_pct));
+        }
+        // Switch port towards the host: line rate and the switch's buffer.
+        c.extend(shape(&sw, port, &rate, shaping.queue.tc_leaf()));
+        c.push(argv(&["ip", "-n", ns, "link", "set", dev, "up"]));
+        c.push(argv(&["ip", "-n", &sw, "link", "set", port, "up"]));
+        c
+    }
+}
+
+/// One of a host's links: its device, the switch's bridge and port it plugs into, its
+/// address and its shaping.
+pub struct Link {
+    pub dev: &'static str,
+    pub bridge: &'static str,
+    pub port: String,
+    pub ip: std::net::Ipv4Addr,
+    pub shaping: Shaping,
+}
+
+/// A command's argv from its words.
+pub fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
 }
 
 /// The random loss classifier's filter priority: after those of network faults
@@ -310,7 +344,7 @@ fn htb_class(ns: &str, dev: &str, classid: &str, rate: &str) -> Vec<String> {
 
 /// `tc class VERB` (add, change, replace) of an htb class at `rate`, with overhead.
 pub fn htb_class_cmd(verb: &str, ns: &str, dev: &str, classid: &str, rate: &str) -> Vec<String> {
-    [
+    argv(&[
         "tc",
         "-n",
         ns,
@@ -331,21 +365,17 @@ pub fn htb_class_cmd(verb: &str, ns: &str, dev: &str, classid: &str, rate: &str)
         "1514",
         "overhead",
         ETH_OVERHEAD,
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect()
+    ])
 }
 
 /// `htb` at `rate` on `dev`'s root with `leaf` as its only queue.
 fn shape(ns: &str, dev: &str, rate: &str, leaf: Vec<String>) -> Vec<Vec<String>> {
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-    let mut leaf_cmd = s(&[
+    let mut leaf_cmd = argv(&[
         "tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:",
     ]);
     leaf_cmd.extend(leaf);
     vec![
-        s(&[
+        argv(&[
             "tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default",
             "1",
         ]),
@@ -358,18 +388,17 @@ fn shape(ns: &str, dev: &str, rate: &str, leaf: Vec<String>) -> Vec<Vec<String>>
 /// `loss_pct` of packets to class 1:2, whose queue holds nothing, so the kernel drops them
 /// and counts them as drops of qdisc 20:.
 fn random_loss(ns: &str, dev: &str, rate: &str, loss_pct: f64) -> Vec<Vec<String>> {
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     // A >= threshold => class 1:2 (dropped); P = 1 - threshold / 2^32.
     let threshold = ((1.0 - loss_pct / 100.0) * 4_294_967_296.0).clamp(0.0, 4_294_967_295.0) as u64;
     // ld rand (SKF_AD_OFF + SKF_AD_RANDOM = 0xfffff038); jge #t, 0, 1; ret 1:2; ret 1:1.
     let code = format!("4,32 0 0 4294963256,53 0 1 {threshold},6 0 0 65538,6 0 0 65537");
     vec![
         htb_class(ns, dev, "1:2", rate),
-        s(&[
+        argv(&[
             "tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:2", "handle", "20:", "pfifo",
             "limit", "0",
         ]),
-        s(&[
+        argv(&[
             "tc",
             "-n",
             ns,

@@ -48,25 +48,14 @@ impl IcnCore {
             Message::LoadReport {
                 free_bytes,
                 building,
-            } if role == Role::Epn => {
-                let load = EpnLoad {
+            } if role == Role::Epn => self.on_load(
+                id,
+                EpnLoad {
                     free_bytes,
                     building,
-                };
-                self.placer.policy_mut().report_load(id, load);
-                self.record_load(id, load);
-            }
-            Message::NodeStats(s) => {
-                if let Some(p) = self.peers.get_mut(&conn) {
-                    p.stats = true;
-                }
-                let name = format!("{} {}", role.name(), id);
-                self.node_stats
-                    .insert(name, s.counters.into_iter().collect());
-                if self.phase == Phase::Stopping {
-                    self.maybe_all_stats();
-                }
-            }
+                },
+            ),
+            Message::NodeStats(s) => self.on_node_stats(conn, role, id, s),
             other => {
                 let line = format!(
                     "{} {id}: unexpected {:?} in phase {:?}",
@@ -77,6 +66,25 @@ impl IcnCore {
                 self.log(Level::Warn, line);
                 self.metrics.error("unexpected_message");
             }
+        }
+    }
+
+    /// An EPN's load report: to the policy, and to `loads.csv`.
+    fn on_load(&mut self, epn: EpnId, load: EpnLoad) {
+        self.placer.policy_mut().report_load(epn, load);
+        self.record_load(epn, load);
+    }
+
+    /// A node's run-end counters; the run ends once every node's are in.
+    fn on_node_stats(&mut self, conn: ConnId, role: Role, id: u32, s: fanin_proto::NodeStats) {
+        if let Some(p) = self.peers.get_mut(&conn) {
+            p.stats = true;
+        }
+        let name = format!("{} {}", role.name(), id);
+        self.node_stats
+            .insert(name, s.counters.into_iter().collect());
+        if self.phase == Phase::Stopping {
+            self.maybe_all_stats();
         }
     }
 
