@@ -4,6 +4,7 @@
 pub mod builder;
 pub mod clock;
 pub mod core;
+pub mod lowat;
 pub mod order;
 pub mod receiver;
 pub mod sink;

@@ -16,6 +16,9 @@ use tokio::sync::mpsc;
 use crate::admission::{Admission, Ticket};
 
 use crate::budget::ByteBudget;
+use std::os::fd::AsRawFd;
+
+use super::lowat::RecvLowat;
 use crate::conn::{read_exact_or_eof, read_header, ConnError};
 use crate::metrics::Metrics;
 
@@ -232,6 +235,7 @@ async fn serve_flp(
     ctx: &DataCtx,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
+    let mut lowat = RecvLowat::new(stream.as_raw_fd());
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(RECV_BUFFER, rd);
     let Some(flp) = handshake(&mut rd, &mut wr, &mut ticket, ctx).await? else {
@@ -251,7 +255,7 @@ async fn serve_flp(
         return Err(e.to_string());
     }
     tracing::debug!("EPN {}: FLP {flp} connected from {peer}", ctx.me);
-    let res = read_stfs(&mut rd, flp, ctx).await;
+    let res = read_stfs(&mut rd, &mut lowat, flp, ctx).await;
     ctx.connected.lock().unwrap().remove(&flp);
     match res {
         Ok(()) => Ok(()),
@@ -263,7 +267,8 @@ async fn serve_flp(
 }
 
 async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
-    rd: &mut R,
+    rd: &mut BufReader<R>,
+    lowat: &mut RecvLowat,
     flp: FlpId,
     ctx: &DataCtx,
 ) -> Result<(), DataError> {
@@ -273,7 +278,7 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
         ctx.metrics.stf("received", "", 1);
         ctx.metrics.bytes("received", n as u64);
         let ev = if ctx.budget.try_reserve(n as u64) {
-            keep_stf(rd, flp, ctx, &sh, n).await?
+            keep_stf(rd, lowat, flp, ctx, &sh, n).await?
         } else {
             // Build buffer full: the named policy is to drop the TF, reading the bytes away.
             let mut left = n;
@@ -338,14 +343,15 @@ async fn read_stf_header<R: tokio::io::AsyncRead + Unpin>(
 /// Reads a payload whose `n` bytes are reserved in the build buffer into a pooled
 /// buffer; a bad CRC gives the bytes back and the STF is lost (`crc_error`).
 async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
-    rd: &mut R,
+    rd: &mut BufReader<R>,
+    lowat: &mut RecvLowat,
     flp: FlpId,
     ctx: &DataCtx,
     sh: &StfHeader,
     n: usize,
 ) -> Result<BuildEvent, DataError> {
     let mut buf = ctx.pool.take(n);
-    let read = read_exact_or_eof(rd, &mut buf).await;
+    let read = read_payload(rd, lowat, &mut buf).await;
     if !matches!(read, Ok(true)) && n > 0 {
         // The FLP went away mid-STF: give the bytes back before leaving.
         ctx.budget.release(n as u64);
@@ -372,6 +378,31 @@ async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
         target: sh.epn_id,
         payload: buf,
     })
+}
+
+/// Fills `buf` with a payload, telling the kernel how many bytes are still owed before
+/// each wait; Ok(false) if the connection closed before the first byte.
+async fn read_payload<R: tokio::io::AsyncRead + Unpin>(
+    rd: &mut BufReader<R>,
+    lowat: &mut RecvLowat,
+    buf: &mut [u8],
+) -> Result<bool, ConnError> {
+    let mut got = 0;
+    while got < buf.len() {
+        lowat.expect(buf.len() - got - rd.buffer().len().min(buf.len() - got));
+        let n = rd.read(&mut buf[got..]).await?;
+        if n == 0 {
+            lowat.expect(0);
+            return if got == 0 {
+                Ok(false)
+            } else {
+                Err(ConnError::Eof)
+            };
+        }
+        got += n;
+    }
+    lowat.expect(0);
+    Ok(true)
 }
 
 async fn send(ctx: &DataCtx, ev: BuildEvent) {
