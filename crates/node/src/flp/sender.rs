@@ -22,15 +22,21 @@ use crate::metrics::Metrics;
 /// stopped reading, and its STFs must not hold the send buffer forever.
 pub const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Writes all of `buf` with vectored writes (the frame prefix and the payload in one
-/// system call), failing if no byte moves for `STALL_TIMEOUT`.
+/// STFs queued for one EPN go out together, up to this many and while under
+/// `BATCH_BYTES`: fewer system calls and wake-ups when the sender falls behind (a lone
+/// STF goes out alone, at once). Measured in docs/performance.md.
+const BATCH_MAX: usize = 16;
+const BATCH_BYTES: u64 = 1 << 20;
+
+/// Writes all of `buf` with vectored writes (frame prefixes and payloads, up to 64
+/// pieces per system call), failing if no byte moves for `STALL_TIMEOUT`.
 async fn write_with_progress(
     stream: &mut TcpStream,
     buf: &mut impl bytes::Buf,
 ) -> std::io::Result<()> {
     while buf.has_remaining() {
         let written = {
-            let mut iov = [std::io::IoSlice::new(&[]); 16];
+            let mut iov = [std::io::IoSlice::new(&[]); 64];
             let n = buf.chunks_vectored(&mut iov);
             tokio::time::timeout(STALL_TIMEOUT, stream.write_vectored(&iov[..n])).await
         };
@@ -122,24 +128,51 @@ pub async fn send_loop(
     done: mpsc::Sender<(StfJob, bool)>,
 ) {
     let mut failed = false;
-    while let Some(out) = rx.recv().await {
-        let job = out.job;
-        debug_assert_eq!(job.epn, epn);
-        let ok = !failed && send_one(&ctx, &mut stream, out).await;
-        if !ok && !failed {
-            failed = true;
+    let mut batch = Vec::with_capacity(BATCH_MAX);
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.job.len;
+        batch.push(first);
+        while batch.len() < BATCH_MAX && bytes < BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(out) => {
+                    bytes += out.job.len;
+                    batch.push(out);
+                }
+                Err(_) => break,
+            }
         }
-        if done.send((job, ok)).await.is_err() {
-            break;
+        debug_assert!(batch.iter().all(|o| o.job.epn == epn));
+        let ok = !failed && send_batch(&ctx, &mut stream, &batch).await;
+        failed |= !ok;
+        for out in batch.drain(..) {
+            if done.send((out.job, ok)).await.is_err() {
+                return;
+            }
         }
     }
     let _ = stream.shutdown().await;
 }
 
-/// Writes one STF frame (a source's bytes from where they lie); false when the
-/// connection failed.
-async fn send_one(ctx: &SendCtx, stream: &mut TcpStream, out: Outgoing) -> bool {
-    let job = out.job;
+/// Writes the STF frames of `batch` (a source's bytes from where they lie); false when
+/// the connection failed.
+async fn send_batch(ctx: &SendCtx, stream: &mut TcpStream, batch: &[Outgoing]) -> bool {
+    let mut frames = Frames::default();
+    for out in batch {
+        frames.push(frame(ctx, out));
+    }
+    match write_with_progress(stream, &mut frames).await {
+        Ok(()) => true,
+        Err(e) => {
+            let epn = batch[0].job.epn;
+            tracing::warn!("FLP {}: data connection to EPN {epn}: {e}", ctx.me);
+            false
+        }
+    }
+}
+
+/// One STF frame: its prefix, then its payload (the pattern's, or a source's bytes).
+fn frame<'a>(ctx: &'a SendCtx, out: &'a Outgoing) -> Box<dyn bytes::Buf + Send + Sync + 'a> {
+    let job = &out.job;
     let len = job.len as usize;
     let bytes = out.payload.slice();
     debug_assert!(bytes.is_none_or(|b| b.len() == len));
@@ -156,21 +189,55 @@ async fn send_one(ctx: &SendCtx, stream: &mut TcpStream, out: Outgoing) -> bool 
         payload_len: job.len as u32,
     };
     let prefix = header.encode_frame_prefix();
-    let written = match bytes {
-        None => {
-            let mut buf = ctx.pattern.frame(prefix, job.tf, len);
-            write_with_progress(stream, &mut buf).await
+    match bytes {
+        None => Box::new(ctx.pattern.frame(prefix, job.tf, len)),
+        Some(b) => Box::new(bytes::Buf::chain(std::io::Cursor::new(prefix), b)),
+    }
+}
+
+/// Frames written back to back, as one `Buf`.
+#[derive(Default)]
+struct Frames<'a> {
+    queue: std::collections::VecDeque<Box<dyn bytes::Buf + Send + Sync + 'a>>,
+}
+
+impl<'a> Frames<'a> {
+    fn push(&mut self, f: Box<dyn bytes::Buf + Send + Sync + 'a>) {
+        if f.has_remaining() {
+            self.queue.push_back(f);
         }
-        Some(b) => {
-            let mut buf = bytes::Buf::chain(&prefix[..], b);
-            write_with_progress(stream, &mut buf).await
+    }
+}
+
+impl bytes::Buf for Frames<'_> {
+    fn remaining(&self) -> usize {
+        self.queue.iter().map(|f| f.remaining()).sum()
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.queue.front().map_or(&[], |f| f.chunk())
+    }
+
+    fn chunks_vectored<'b>(&'b self, dst: &mut [std::io::IoSlice<'b>]) -> usize {
+        let mut n = 0;
+        for f in &self.queue {
+            if n == dst.len() {
+                break;
+            }
+            n += f.chunks_vectored(&mut dst[n..]);
         }
-    };
-    match written {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::warn!("FLP {}: data connection to EPN {}: {e}", ctx.me, job.epn);
-            false
+        n
+    }
+
+    fn advance(&mut self, mut cnt: usize) {
+        while cnt > 0 {
+            let f = self.queue.front_mut().expect("advance within remaining");
+            let k = cnt.min(f.remaining());
+            f.advance(k);
+            cnt -= k;
+            if !f.has_remaining() {
+                self.queue.pop_front();
+            }
         }
     }
 }
