@@ -14,7 +14,7 @@ const MAX_WAIT: usize = 512 * 1024;
 pub struct RecvLowat {
     fd: RawFd,
     current: usize,
-    /// The first refusal is logged; after it the connection reads as it comes.
+    /// A refused raise is logged once; after it the connection reads as bytes come.
     failed: bool,
 }
 
@@ -29,38 +29,45 @@ impl RecvLowat {
 
     /// Before waiting for `missing` more payload bytes (0: the payload is complete and
     /// the next header, of unknown size, comes next). Never above `missing`, so the
-    /// reader is always woken by the bytes the FLP still owes it.
-    pub fn expect(&mut self, missing: usize) {
+    /// reader is always woken by the bytes the FLP still owes it; an error if the mark
+    /// could not be lowered (the connection must end, or it could wait forever).
+    pub fn expect(&mut self, missing: usize) -> std::io::Result<()> {
         let want = match missing > MIN_WAIT {
             true => missing.min(MAX_WAIT),
             false => 1,
         };
-        if want != self.current && !self.failed {
-            self.set(want);
+        if want == self.current || (self.failed && want > self.current) {
+            return Ok(());
         }
-        debug_assert!(self.failed || self.current == 1 || self.current <= missing);
-    }
-
-    fn set(&mut self, want: usize) {
-        let v = want as libc::c_int;
-        // SAFETY: a plain setsockopt of one int on a socket this connection owns.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVLOWAT,
-                (&v as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        match rc {
-            0 => self.current = want,
-            _ => {
-                let e = std::io::Error::last_os_error();
+        match set_lowat(self.fd, want) {
+            Ok(()) => self.current = want,
+            Err(e) if want > self.current => {
+                // Reading as bytes come is always safe: go on without raising it again.
                 tracing::warn!("SO_RCVLOWAT {want} refused ({e}); reading as bytes come");
                 self.failed = true;
             }
+            Err(e) => return Err(e),
         }
+        debug_assert!(self.current == 1 || self.current <= missing);
+        Ok(())
+    }
+}
+
+fn set_lowat(fd: RawFd, bytes: usize) -> std::io::Result<()> {
+    let v = bytes as libc::c_int;
+    // SAFETY: a plain setsockopt of one int on a socket the caller owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
     }
 }
 
@@ -92,18 +99,18 @@ mod tests {
         let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
         let mut w = RecvLowat::new(s.as_raw_fd());
-        w.expect(4 << 20);
+        w.expect(4 << 20).unwrap();
         assert_eq!(lowat_of(s.as_raw_fd()), MAX_WAIT as i32);
-        w.expect(300 * 1024);
+        w.expect(300 * 1024).unwrap();
         assert_eq!(lowat_of(s.as_raw_fd()), 300 * 1024);
-        w.expect(MIN_WAIT);
+        w.expect(MIN_WAIT).unwrap();
         assert_eq!(
             lowat_of(s.as_raw_fd()),
             1,
             "small remainders read as they come"
         );
-        w.expect(1 << 20);
-        w.expect(0);
+        w.expect(1 << 20).unwrap();
+        w.expect(0).unwrap();
         assert_eq!(
             lowat_of(s.as_raw_fd()),
             1,

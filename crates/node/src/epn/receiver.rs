@@ -389,10 +389,10 @@ async fn read_payload<R: tokio::io::AsyncRead + Unpin>(
 ) -> Result<bool, ConnError> {
     let mut got = 0;
     while got < buf.len() {
-        lowat.expect(buf.len() - got - rd.buffer().len().min(buf.len() - got));
+        lowat.expect(buf.len() - got - rd.buffer().len().min(buf.len() - got))?;
         let n = rd.read(&mut buf[got..]).await?;
         if n == 0 {
-            lowat.expect(0);
+            lowat.expect(0)?;
             return if got == 0 {
                 Ok(false)
             } else {
@@ -401,7 +401,7 @@ async fn read_payload<R: tokio::io::AsyncRead + Unpin>(
         }
         got += n;
     }
-    lowat.expect(0);
+    lowat.expect(0)?;
     Ok(true)
 }
 

@@ -119,7 +119,8 @@ pub struct Outgoing {
 }
 
 /// Writes every STF queued for `epn` and hands each job back through `done` (false:
-/// the connection had failed, now or before). The bytes are the core's to count.
+/// its frame was not written whole, the connection failed now or before). The bytes are
+/// the core's to count.
 pub async fn send_loop(
     ctx: Arc<SendCtx>,
     epn: EpnId,
@@ -128,46 +129,67 @@ pub async fn send_loop(
     done: mpsc::Sender<(StfJob, bool)>,
 ) {
     let mut failed = false;
-    let mut batch = Vec::with_capacity(BATCH_MAX);
-    while let Some(first) = rx.recv().await {
-        let mut bytes = first.job.len;
-        batch.push(first);
-        while batch.len() < BATCH_MAX && bytes < BATCH_BYTES {
-            match rx.try_recv() {
-                Ok(out) => {
-                    bytes += out.job.len;
-                    batch.push(out);
-                }
-                Err(_) => break,
-            }
-        }
+    let mut carry = None;
+    while let Some(first) = match carry.take() {
+        Some(out) => Some(out),
+        None => rx.recv().await,
+    } {
+        let batch = gather(first, &mut rx, &mut carry);
         debug_assert!(batch.iter().all(|o| o.job.epn == epn));
-        let ok = !failed && send_batch(&ctx, &mut stream, &batch).await;
-        failed |= !ok;
-        for out in batch.drain(..) {
-            if done.send((out.job, ok)).await.is_err() {
+        let sent = match failed {
+            true => 0,
+            false => send_batch(&ctx, &mut stream, &batch).await,
+        };
+        if sent < batch.len() && !failed {
+            failed = true;
+            // The EPN sees the connection end rather than wait on a half-written frame.
+            let _ = stream.shutdown().await;
+        }
+        for (i, out) in batch.into_iter().enumerate() {
+            if done.send((out.job, i < sent)).await.is_err() {
                 return;
             }
         }
     }
-    let _ = stream.shutdown().await;
+    if !failed {
+        let _ = stream.shutdown().await;
+    }
 }
 
-/// Writes the STF frames of `batch` (a source's bytes from where they lie); false when
-/// the connection failed.
-async fn send_batch(ctx: &SendCtx, stream: &mut TcpStream, batch: &[Outgoing]) -> bool {
+/// `first` and what else is queued for the EPN, up to `BATCH_MAX` STFs and
+/// `BATCH_BYTES` (an STF that would go over waits in `carry` and starts the next batch).
+fn gather(
+    first: Outgoing,
+    rx: &mut mpsc::Receiver<Outgoing>,
+    carry: &mut Option<Outgoing>,
+) -> Vec<Outgoing> {
+    let mut bytes = first.job.len;
+    let mut batch = vec![first];
+    while batch.len() < BATCH_MAX {
+        let Ok(out) = rx.try_recv() else { break };
+        if bytes + out.job.len > BATCH_BYTES {
+            *carry = Some(out);
+            break;
+        }
+        bytes += out.job.len;
+        batch.push(out);
+    }
+    batch
+}
+
+/// Writes the STF frames of `batch` (a source's bytes from where they lie): how many of
+/// them went out whole (all of them, unless the connection failed).
+async fn send_batch(ctx: &SendCtx, stream: &mut TcpStream, batch: &[Outgoing]) -> usize {
     let mut frames = Frames::default();
     for out in batch {
         frames.push(frame(ctx, out));
     }
-    match write_with_progress(stream, &mut frames).await {
-        Ok(()) => true,
-        Err(e) => {
-            let epn = batch[0].job.epn;
-            tracing::warn!("FLP {}: data connection to EPN {epn}: {e}", ctx.me);
-            false
-        }
+    if let Err(e) = write_with_progress(stream, &mut frames).await {
+        let epn = batch[0].job.epn;
+        tracing::warn!("FLP {}: data connection to EPN {epn}: {e}", ctx.me);
     }
+    debug_assert!(frames.written <= batch.len());
+    frames.written
 }
 
 /// One STF frame: its prefix, then its payload (the pattern's, or a source's bytes).
@@ -195,16 +217,18 @@ fn frame<'a>(ctx: &'a SendCtx, out: &'a Outgoing) -> Box<dyn bytes::Buf + Send +
     }
 }
 
-/// Frames written back to back, as one `Buf`.
+/// Frames written back to back, as one `Buf`, counting those written whole.
 #[derive(Default)]
 struct Frames<'a> {
     queue: std::collections::VecDeque<Box<dyn bytes::Buf + Send + Sync + 'a>>,
+    written: usize,
 }
 
 impl<'a> Frames<'a> {
     fn push(&mut self, f: Box<dyn bytes::Buf + Send + Sync + 'a>) {
-        if f.has_remaining() {
-            self.queue.push_back(f);
+        match f.has_remaining() {
+            true => self.queue.push_back(f),
+            false => self.written += 1,
         }
     }
 }
@@ -224,7 +248,12 @@ impl bytes::Buf for Frames<'_> {
             if n == dst.len() {
                 break;
             }
-            n += f.chunks_vectored(&mut dst[n..]);
+            let k = f.chunks_vectored(&mut dst[n..]);
+            let listed: usize = dst[n..n + k].iter().map(|s| s.len()).sum();
+            n += k;
+            if listed < f.remaining() {
+                break; // the next frame's bytes must not come before this one's rest
+            }
         }
         n
     }
@@ -237,7 +266,38 @@ impl bytes::Buf for Frames<'_> {
             cnt -= k;
             if !f.has_remaining() {
                 self.queue.pop_front();
+                self.written += 1;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Buf;
+
+    fn frames<'a>(parts: &[&'a [u8]]) -> Frames<'a> {
+        let mut f = Frames::default();
+        for p in parts {
+            f.push(Box::new(bytes::Buf::chain(std::io::Cursor::new([0xAAu8; 2]), *p)));
+        }
+        f
+    }
+
+    #[test]
+    fn frames_go_out_in_order_and_count_only_whole_ones() {
+        let (a, b) = (&b"first"[..], &b"second"[..]);
+        let mut f = frames(&[a, b, &[]]);
+        assert_eq!(f.remaining(), 2 + 5 + 2 + 6 + 2);
+        let mut iov = [std::io::IoSlice::new(&[]); 3];
+        let n = f.chunks_vectored(&mut iov);
+        let listed: Vec<u8> = iov[..n].iter().flat_map(|s| s.iter().copied()).collect();
+        assert_eq!(listed, b"\xAA\xAAfirst\xAA\xAA"[..]);
+        f.advance(2 + 5 + 1);
+        assert_eq!(f.written, 1, "the second frame is only half out");
+        let rest = f.copy_to_bytes(f.remaining());
+        assert_eq!(&rest[..], b"\xAAsecond\xAA\xAA");
+        assert_eq!(f.written, 3);
     }
 }
