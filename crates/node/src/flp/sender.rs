@@ -280,7 +280,10 @@ mod tests {
     fn frames<'a>(parts: &[&'a [u8]]) -> Frames<'a> {
         let mut f = Frames::default();
         for p in parts {
-            f.push(Box::new(bytes::Buf::chain(std::io::Cursor::new([0xAAu8; 2]), *p)));
+            f.push(Box::new(bytes::Buf::chain(
+                std::io::Cursor::new([0xAAu8; 2]),
+                *p,
+            )));
         }
         f
     }
