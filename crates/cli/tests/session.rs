@@ -152,3 +152,46 @@ fn nodes_wait_while_the_icn_is_idle_and_leave_on_exit() {
     assert!(flp.wait(20).success());
     assert!(s.icn.wait(20).success());
 }
+
+/// Waits until `name`'s log holds `what`.
+fn log_says(dir: &Path, name: &str, what: &str) {
+    let until = Instant::now() + Duration::from_secs(30);
+    let log = || std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    while !log().contains(what) {
+        assert!(
+            Instant::now() < until,
+            "{name} never said {what:?}: {}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_flp_connecting_to_a_frozen_epn_hears_the_session_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut s = start_session(dir);
+    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 100\nduration_s = 3600\n";
+    let cfg = write_config(dir, toml);
+    ok(s.http, &s.secret, &["configure", cfg.to_str().unwrap()]);
+    let mut epns = [
+        node(dir, &s, "epn", "epn-a", &[]),
+        node(dir, &s, "epn", "epn-b", &[]),
+    ];
+    log_says(dir, "epn-a", "registered for run");
+    log_says(dir, "epn-b", "registered for run");
+    // A frozen EPN: its kernel accepts the FLP's connection, its Challenge never comes.
+    epns[1].signal(libc::SIGSTOP);
+    let mut flp = node(dir, &s, "flp", "flp", &[]);
+    log_says(dir, "flp", "registered for run");
+    std::thread::sleep(Duration::from_millis(500)); // into the EPN's 10 s handshake
+    ok(s.http, &s.secret, &["exit"]);
+    assert!(flp.wait(20).success(), "the FLP did not leave");
+    let log = std::fs::read_to_string(dir.join("flp.log")).unwrap();
+    assert!(log.contains("run stopped while connecting to EPN"), "{log}");
+    assert!(!log.contains("expected Challenge"), "{log}");
+    epns[1].kill9();
+    assert!(epns[0].wait(20).success());
+    assert!(s.icn.wait(20).success());
+}

@@ -5,6 +5,7 @@ pub mod core;
 pub mod payload;
 pub mod sender;
 pub mod source;
+mod watch;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -27,6 +28,7 @@ use crate::registry::{runtime::RegistryOpts, ZkRegistry};
 use core::{Action, FlpCore, Input, StfJob, ANNOUNCE_BATCH, QUEUE_PER_EPN};
 use sender::{Outgoing, SendCtx};
 use source::{Event, Payload, Source, SourceError, SourceSpec};
+use watch::{connect_watching, Heard};
 
 pub struct FlpOptions {
     /// The ICN's control address; with a registry, the elected ICN is used instead.
@@ -172,11 +174,14 @@ async fn resume(
         .cloned()
         .collect();
     for e in &unreached {
-        let stream = k
-            .shell
-            .connect(e)
-            .await
-            .map_err(|err| lost(&format!("{err:#}")))?;
+        let stream = match connect_watching(&mut joined.rd, metrics, k.shell.connect(e)).await {
+            Heard::Connected(r) => r.map_err(|err| lost(&format!("{err:#}")))?,
+            Heard::RunStop => {
+                tracing::info!("FLP {me}: run stopped while connecting to EPN {}", e.epn_id);
+                return Ok(false);
+            }
+            Heard::Closed => return Err(lost(&"the ICN closed the connection")),
+        };
         k.shell.start_sender(e.epn_id, stream);
         k.shell.addrs.insert(e.epn_id, e.addr.clone());
         k.shell.core.connected_anew(e.epn_id);
@@ -229,19 +234,17 @@ async fn start(
     let (mut shell, done_rx) = Shell::new(core, ctx, source, opts.data_bind);
     // Connect to every EPN and confirm each connection with a handshake.
     for e in &list {
-        let stream = shell.connect(e).await.map_err(|err| {
-            match err.downcast_ref::<sender::EpnRefused>() {
-                // An EPN still leaving the run before: it joins this one soon.
-                Some(r) if r.code == fanin_proto::RejectCode::WrongRun => {
-                    NodeError::LostIcn(format!("FLP {me}: {err:#}"))
-                }
-                // A wrong secret, an unknown id: trying again cannot help.
-                Some(r) if !r.code.transient() => NodeError::Fatal(err),
-                // The EPN may be frozen or dying (the ICN will see it soon), or still
-                // holding our old connection: leave, and join again.
-                _ => NodeError::LostIcn(format!("FLP {me}: {err:#}")),
+        let stream = match connect_watching(&mut joined.rd, metrics, shell.connect(e)).await {
+            Heard::Connected(r) => r.map_err(|err| not_connected(me, err))?,
+            Heard::RunStop => {
+                tracing::info!("FLP {me}: run stopped while connecting to EPN {}", e.epn_id);
+                return Ok(None);
             }
-        })?;
+            Heard::Closed => {
+                let e = format!("FLP {me}: ICN {icn} closed the connection before the run");
+                return Err(NodeError::LostIcn(e));
+            }
+        };
         shell.start_sender(e.epn_id, stream);
         shell.addrs.insert(e.epn_id, e.addr.clone());
     }
@@ -254,6 +257,22 @@ async fn start(
     };
     joined.ctl.send(ready).await?;
     Ok(Some((shell, done_rx)))
+}
+
+/// An EPN this FLP could not reach before the run: join again, or give up if trying
+/// again cannot help.
+fn not_connected(me: u32, err: anyhow::Error) -> NodeError {
+    match err.downcast_ref::<sender::EpnRefused>() {
+        // An EPN still leaving the run before: it joins this one soon.
+        Some(r) if r.code == fanin_proto::RejectCode::WrongRun => {
+            NodeError::LostIcn(format!("FLP {me}: {err:#}"))
+        }
+        // A wrong secret, an unknown id: trying again cannot help.
+        Some(r) if !r.code.transient() => NodeError::Fatal(err),
+        // The EPN may be frozen or dying (the ICN will see it soon), or still holding
+        // our old connection: leave, and join again.
+        _ => NodeError::LostIcn(format!("FLP {me}: {err:#}")),
+    }
 }
 
 /// Pre-run: the run parameters and the EPN list, in either order (None: run control
