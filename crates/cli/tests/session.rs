@@ -5,6 +5,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::session::*;
@@ -184,14 +185,58 @@ fn an_flp_connecting_to_a_frozen_epn_hears_the_session_end() {
     // A frozen EPN: its kernel accepts the FLP's connection, its Challenge never comes.
     epns[1].signal(libc::SIGSTOP);
     let mut flp = node(dir, &s, "flp", "flp", &[]);
-    log_says(dir, "flp", "registered for run");
-    std::thread::sleep(Duration::from_millis(500)); // into the EPN's 10 s handshake
+    // The FLP is in the frozen EPN's handshake once its connection to it is up.
+    let until = Instant::now() + Duration::from_secs(30);
+    while !listening_ports(epns[1].child.id())
+        .iter()
+        .any(|&p| connected_to(p))
+    {
+        assert!(
+            Instant::now() < until,
+            "the FLP never reached the frozen EPN"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     ok(s.http, &s.secret, &["exit"]);
     assert!(flp.wait(20).success(), "the FLP did not leave");
     let log = std::fs::read_to_string(dir.join("flp.log")).unwrap();
     assert!(log.contains("run stopped while connecting to EPN"), "{log}");
-    assert!(!log.contains("expected Challenge"), "{log}");
+    assert!(!log.contains("no frame within"), "{log}");
     epns[1].kill9();
     assert!(epns[0].wait(20).success());
     assert!(s.icn.wait(20).success());
+}
+
+/// The TCP ports process `pid` listens on (from `ss`).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let out = Command::new("ss").args(["-Htlnp"]).output().expect("ss");
+    let owner = format!("pid={pid},");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&owner))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .nth(3)?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Some connection to `port` is established.
+fn connected_to(port: u16) -> bool {
+    let out = Command::new("ss")
+        .args([
+            "-Htn",
+            "state",
+            "established",
+            "dport",
+            "=",
+            &format!(":{port}"),
+        ])
+        .output()
+        .expect("ss");
+    !out.stdout.is_empty()
 }

@@ -8,32 +8,33 @@ use tokio::io::BufReader;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 
-use crate::conn::read_frame;
+use crate::conn::{read_frame, ConnError};
 use crate::metrics::Metrics;
 
 /// How connecting to one EPN ended.
 pub enum Heard {
     /// The attempt finished (any other frame waits, read after Ready as before).
     Connected(anyhow::Result<TcpStream>),
-    /// Run control stopped the run first (its RunStop is left unread).
+    /// Run control stopped the run first (its RunStop was read).
     RunStop,
     /// The ICN closed the control connection.
     Closed,
+    /// The control connection failed, or sent a frame that does not decode.
+    Failed(ConnError),
 }
 
 /// What waits at the front of the control connection.
 #[derive(Debug, PartialEq)]
 enum Front {
-    RunStop,
-    /// A whole RunState frame: read, its gauge set, and watched on.
-    RunState,
+    /// A whole RunStop or RunState frame: read, and acted on.
+    Whole(MsgType),
     /// Part of a frame: more is coming.
     Partial,
     Other,
 }
 
 /// Runs `connect` while watching the control connection without consuming what the
-/// run loop reads later: only RunState frames are taken (they set a gauge).
+/// run loop reads later: only RunState frames (a gauge) and RunStop are read.
 pub async fn connect_watching(
     rd: &mut BufReader<OwnedReadHalf>,
     metrics: &Metrics,
@@ -41,39 +42,47 @@ pub async fn connect_watching(
 ) -> Heard {
     tokio::pin!(connect);
     loop {
-        let front = match rd.buffer().is_empty() {
-            false => front(rd.buffer()),
-            true => tokio::select! {
+        let front = match front(rd.buffer()) {
+            Front::Partial => tokio::select! {
                 r = &mut connect => return Heard::Connected(r),
-                f = peek(rd.get_mut()) => match f {
-                    Some(f) => f,
-                    None => return Heard::Closed,
+                f = peek(rd) => match f {
+                    Ok(Some(f)) => f,
+                    Ok(None) => return Heard::Closed,
+                    Err(e) => return Heard::Failed(e),
                 },
             },
+            f => f,
         };
         match front {
-            Front::RunStop => return Heard::RunStop,
-            Front::RunState => match read_frame(rd, MAX_CONTROL_BODY).await {
+            Front::Whole(_) => match read_frame(rd, MAX_CONTROL_BODY).await {
                 Ok(Some(Message::RunState { state, run_number })) => {
                     metrics.set_run_state(state, run_number)
                 }
-                _ => return Heard::Closed,
+                Ok(Some(Message::RunStop { .. })) => return Heard::RunStop,
+                Ok(Some(other)) => unreachable!("{:?} is not watched", other.msg_type()),
+                Ok(None) => return Heard::Closed,
+                Err(e) => return Heard::Failed(e),
             },
-            Front::Partial if rd.buffer().is_empty() => tokio::select! {
+            Front::Partial => tokio::select! {
                 r = &mut connect => return Heard::Connected(r),
                 _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
             },
-            Front::Partial | Front::Other => return Heard::Connected(connect.await),
+            Front::Other => return Heard::Connected(connect.await),
         }
     }
 }
 
-/// The front of the socket's queue, unread (None: closed or failed).
-async fn peek(rd: &mut OwnedReadHalf) -> Option<Front> {
+/// The front of the connection, unread: the reader's buffered bytes, then the
+/// socket's (None: closed).
+async fn peek(rd: &mut BufReader<OwnedReadHalf>) -> Result<Option<Front>, ConnError> {
+    let mut bytes = rd.buffer().to_vec();
     let mut buf = [0u8; 64];
-    match rd.peek(&mut buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(n) => Some(front(&buf[..n])),
+    match rd.get_mut().peek(&mut buf).await? {
+        0 => Ok(None),
+        n => {
+            bytes.extend_from_slice(&buf[..n]);
+            Ok(Some(front(&bytes)))
+        }
     }
 }
 
@@ -84,12 +93,11 @@ fn front(bytes: &[u8]) -> Front {
     let Ok(h) = FrameHeader::decode(bytes, MAX_CONTROL_BODY) else {
         return Front::Other; // the run loop reads it and names the fault
     };
+    let whole = bytes.len() >= HEADER_LEN + h.length as usize;
     match h.msg_type {
-        t if t == MsgType::RunStop as u8 => Front::RunStop,
-        t if t == MsgType::RunState as u8 => match bytes.len() >= HEADER_LEN + h.length as usize {
-            true => Front::RunState,
-            false => Front::Partial,
-        },
+        t if t == MsgType::RunStop as u8 && whole => Front::Whole(MsgType::RunStop),
+        t if t == MsgType::RunState as u8 && whole => Front::Whole(MsgType::RunState),
+        t if t == MsgType::RunStop as u8 || t == MsgType::RunState as u8 => Front::Partial,
         _ => Front::Other,
     }
 }
@@ -100,19 +108,18 @@ mod tests {
     use fanin_proto::RunState;
 
     #[test]
-    fn only_a_whole_run_state_is_taken_and_run_stop_is_seen() {
+    fn only_whole_run_state_and_run_stop_frames_are_taken() {
         let state = Message::RunState {
             state: RunState::Exit,
             run_number: 3,
         }
         .encode();
-        assert_eq!(front(&state), Front::RunState);
+        assert_eq!(front(&state), Front::Whole(MsgType::RunState));
         assert_eq!(front(&state[..state.len() - 1]), Front::Partial);
         assert_eq!(front(&state[..5]), Front::Partial);
-        assert_eq!(
-            front(&Message::RunStop { run_id: 3 }.encode()),
-            Front::RunStop
-        );
+        let stop = Message::RunStop { run_id: 3 }.encode();
+        assert_eq!(front(&stop), Front::Whole(MsgType::RunStop));
+        assert_eq!(front(&stop[..stop.len() - 1]), Front::Partial);
         let start = Message::RunStart {
             run_id: 3,
             elapsed_us: 0,
