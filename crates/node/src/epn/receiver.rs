@@ -3,6 +3,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,10 +16,8 @@ use tokio::sync::mpsc;
 
 use crate::admission::{Admission, Ticket};
 
-use crate::budget::ByteBudget;
-use std::os::fd::AsRawFd;
-
 use super::lowat::RecvLowat;
+use crate::budget::ByteBudget;
 use crate::conn::{read_exact_or_eof, read_header, ConnError};
 use crate::metrics::Metrics;
 

@@ -181,7 +181,7 @@ async fn resume(
                 return Ok(false);
             }
             Heard::Closed => return Err(lost(&"the ICN closed the connection")),
-            Heard::Failed(e) => return Err(lost_icn(Role::Flp, me, icn, Some(e), metrics)),
+            Heard::Failed(err) => return Err(lost_icn(Role::Flp, me, icn, Some(err), metrics)),
         };
         k.shell.start_sender(e.epn_id, stream);
         k.shell.addrs.insert(e.epn_id, e.addr.clone());
@@ -245,7 +245,7 @@ async fn start(
                 let e = format!("FLP {me}: ICN {icn} closed the connection before the run");
                 return Err(NodeError::LostIcn(e));
             }
-            Heard::Failed(e) => return Err(lost_icn(Role::Flp, me, icn, Some(e), metrics)),
+            Heard::Failed(err) => return Err(lost_icn(Role::Flp, me, icn, Some(err), metrics)),
         };
         shell.start_sender(e.epn_id, stream);
         shell.addrs.insert(e.epn_id, e.addr.clone());
