@@ -48,6 +48,27 @@ pub struct Metrics {
 }
 
 /// An endpoint's handler.
+/// An STF event's counter and its bytes' counter (`Metrics::stf_counter`).
+pub struct StfCounter {
+    stfs: Counter,
+    bytes: Counter,
+    stfs_key: String,
+    bytes_key: String,
+}
+
+/// A buffer's fill and limit gauges (`Metrics::buffer_gauge`).
+pub struct BufferGauge {
+    used: Gauge,
+    limit: Gauge,
+}
+
+impl BufferGauge {
+    pub fn set(&self, used: u64, limit: u64) {
+        self.used.set(used as i64);
+        self.limit.set(limit as i64);
+    }
+}
+
 pub type Route = Box<dyn Fn(&Request) -> Reply + Send + Sync>;
 
 /// One HTTP request to a node's endpoint (bodies up to `MAX_BODY`).
@@ -210,6 +231,43 @@ impl Metrics {
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&labels(&[("kind", kind)])).inc();
         self.bump(format!("errors.{kind}"), 1);
+    }
+
+    /// Handles for counting STFs with `event` (no reason) and their bytes in
+    /// `direction` once per STF, without building labels and keys each time.
+    pub fn stf_counter(&self, event: &str, direction: &str) -> StfCounter {
+        let stfs = labels(&[("event", event), ("reason", "none")]);
+        StfCounter {
+            stfs: self.stfs.get_or_create(&stfs).clone(),
+            bytes: self
+                .bytes
+                .get_or_create(&labels(&[("direction", direction)]))
+                .clone(),
+            stfs_key: format!("stfs.{event}"),
+            bytes_key: format!("bytes.{direction}"),
+        }
+    }
+
+    /// One STF of `n` bytes, counted as `stf(event, "", 1)` and `bytes(direction, n)`.
+    pub fn count_stf(&self, c: &StfCounter, n: u64) {
+        c.stfs.inc();
+        c.bytes.inc_by(n);
+        let mut snap = self.snapshot.lock().unwrap();
+        for (key, by) in [(&c.stfs_key, 1), (&c.bytes_key, n)] {
+            match snap.get_mut(key.as_str()) {
+                Some(v) => *v += by,
+                None => drop(snap.insert(key.clone(), by)),
+            }
+        }
+    }
+
+    /// Handles for setting `buffer`'s gauges often (see `set_buffer`).
+    pub fn buffer_gauge(&self, buffer: &str) -> BufferGauge {
+        let l = labels(&[("buffer", buffer)]);
+        BufferGauge {
+            used: self.buffer.get_or_create(&l).clone(),
+            limit: self.buffer_limit.get_or_create(&l).clone(),
+        }
     }
 
     pub fn set_buffer(&self, buffer: &str, used: u64, limit: u64) {
@@ -446,5 +504,33 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
                 body: format!("served here: {}\n", here.join(", ")),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_stf_counter_counts_as_stf_and_bytes_do() {
+        let m = Metrics::new("epn", Some(0));
+        let c = m.stf_counter("received", "received");
+        m.count_stf(&c, 100);
+        m.stf("received", "", 1);
+        m.bytes("received", 50);
+        m.count_stf(&c, 100);
+        let snap: BTreeMap<String, u64> = m.snapshot().into_iter().collect();
+        assert_eq!(snap.get("stfs.received"), Some(&3));
+        assert_eq!(snap.get("bytes.received"), Some(&250));
+        let mut text = String::new();
+        encode(&mut text, &m.registry).unwrap();
+        let line = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_string);
+        let stfs = line("stfs_total{").unwrap();
+        assert!(
+            stfs.contains("event=\"received\"") && stfs.ends_with(" 3"),
+            "{text}"
+        );
+        let bytes = line("bytes_total{").unwrap();
+        assert!(bytes.ends_with(" 250"), "{text}");
     }
 }

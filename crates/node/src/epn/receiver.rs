@@ -19,7 +19,7 @@ use crate::admission::{Admission, Ticket};
 use super::lowat::RecvLowat;
 use crate::budget::ByteBudget;
 use crate::conn::{read_exact_or_eof, read_header, ConnError};
-use crate::metrics::Metrics;
+use crate::metrics::{BufferGauge, Metrics};
 
 /// What data connections and the control connection tell the builder task.
 pub enum BuildEvent {
@@ -273,11 +273,12 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
 ) -> Result<(), DataError> {
     let max_body = (STF_HEADER_LEN as u64 + ctx.max_stf).min(u32::MAX as u64) as u32;
     let mut scratch = vec![0u8; 64 * 1024];
+    let received = ctx.metrics.stf_counter("received", "received");
+    let build = ctx.metrics.buffer_gauge("epn_build");
     while let Some((sh, n)) = read_stf_header(rd, flp, ctx, max_body).await? {
-        ctx.metrics.stf("received", "", 1);
-        ctx.metrics.bytes("received", n as u64);
+        ctx.metrics.count_stf(&received, n as u64);
         let ev = if ctx.budget.try_reserve(n as u64) {
-            keep_stf(rd, lowat, flp, ctx, &sh, n).await?
+            keep_stf(rd, lowat, &build, flp, ctx, &sh, n).await?
         } else {
             // Build buffer full: the named policy is to drop the TF, reading the bytes away.
             let mut left = n;
@@ -344,6 +345,7 @@ async fn read_stf_header<R: tokio::io::AsyncRead + Unpin>(
 async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     lowat: &mut RecvLowat,
+    build: &BufferGauge,
     flp: FlpId,
     ctx: &DataCtx,
     sh: &StfHeader,
@@ -357,8 +359,7 @@ async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
         ctx.pool.put(buf);
         return Err(read.err().unwrap_or(ConnError::Eof).into());
     }
-    ctx.metrics
-        .set_buffer("epn_build", ctx.budget.used(), ctx.budget.limit());
+    build.set(ctx.budget.used(), ctx.budget.limit());
     if sh.crc.is_some_and(|crc| crc32c::crc32c(&buf) != crc) {
         ctx.budget.release(n as u64);
         ctx.pool.put(buf);
