@@ -186,15 +186,20 @@ impl Metrics {
         Arc::new(Metrics { registry, ..m })
     }
 
-    fn bump(&self, key: String, n: u64) {
-        *self.snapshot.lock().unwrap().entry(key).or_default() += n;
+    /// Adds `n` to a snapshot counter (a key seen before costs no allocation).
+    fn bump(&self, key: &str, n: u64) {
+        let mut snap = self.snapshot.lock().unwrap();
+        match snap.get_mut(key) {
+            Some(v) => *v += n,
+            None => drop(snap.insert(key.to_string(), n)),
+        }
     }
 
     pub fn tf(&self, status: &str, reason: &str) {
         self.tfs
             .get_or_create(&labels(&[("status", status), ("reason", reason)]))
             .inc();
-        self.bump(format!("tfs.{status}.{reason}"), 1);
+        self.bump(&format!("tfs.{status}.{reason}"), 1);
     }
 
     pub fn stf(&self, event: &str, reason: &str, n: u64) {
@@ -207,14 +212,14 @@ impl Metrics {
         } else {
             format!("stfs.{event}.{reason}")
         };
-        self.bump(key, n);
+        self.bump(&key, n);
     }
 
     pub fn bytes(&self, direction: &str, n: u64) {
         self.bytes
             .get_or_create(&labels(&[("direction", direction)]))
             .inc_by(n);
-        self.bump(format!("bytes.{direction}"), n);
+        self.bump(&format!("bytes.{direction}"), n);
     }
 
     /// Sets the total of a role-specific event.
@@ -230,7 +235,7 @@ impl Metrics {
 
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&labels(&[("kind", kind)])).inc();
-        self.bump(format!("errors.{kind}"), 1);
+        self.bump(&format!("errors.{kind}"), 1);
     }
 
     /// Handles for counting STFs with `event` (no reason) and their bytes in
@@ -252,13 +257,8 @@ impl Metrics {
     pub fn count_stf(&self, c: &StfCounter, n: u64) {
         c.stfs.inc();
         c.bytes.inc_by(n);
-        let mut snap = self.snapshot.lock().unwrap();
-        for (key, by) in [(&c.stfs_key, 1), (&c.bytes_key, n)] {
-            match snap.get_mut(key.as_str()) {
-                Some(v) => *v += by,
-                None => drop(snap.insert(key.clone(), by)),
-            }
-        }
+        self.bump(&c.stfs_key, 1);
+        self.bump(&c.bytes_key, n);
     }
 
     /// Handles for setting `buffer`'s gauges often (see `set_buffer`).

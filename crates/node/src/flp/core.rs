@@ -12,7 +12,7 @@ use fanin_proto::{EpnEntry, HeldStf, Message, Reason, StfInfo};
 use fanin_sched::{EpnId, StfSize, TfId};
 
 use crate::budget::ByteBudget;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StfCounter};
 
 /// STFs queued per EPN connection at most (besides the byte limit).
 pub const QUEUE_PER_EPN: usize = 4096;
@@ -117,6 +117,8 @@ pub struct FlpCore {
     /// Pull mode: tell the ICN when each send ended (its transfer tokens go on).
     pull: bool,
     metrics: Arc<Metrics>,
+    /// STFs sent whole and their bytes, counted once per STF.
+    sent: StfCounter,
     out: VecDeque<Action>,
 }
 
@@ -151,6 +153,7 @@ impl FlpCore {
             announce: Vec::new(),
             held: false,
             pull: false,
+            sent: metrics.stf_counter("sent", "sent"),
             metrics,
             out: VecDeque::new(),
         };
@@ -509,8 +512,7 @@ impl FlpCore {
         };
         self.publish();
         if ok {
-            self.metrics.stf("sent", "", 1);
-            self.metrics.bytes("sent", job.len);
+            self.metrics.count_stf(&self.sent, job.len);
             return;
         }
         if first_failure {
