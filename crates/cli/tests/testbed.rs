@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{fanin, run_ok};
+use common::{fanin, run_dir, run_ok};
 
 /// Skips (loudly) only when the README's opt-out is set; otherwise demands root.
 fn root_or_skip(test: &str) -> bool {
@@ -363,28 +363,6 @@ fn a_testbed_run_without_root_says_so_before_anything_runs() {
     assert!(!dir.path().join("results").exists(), "nothing written");
 }
 
-/// The faults.json of the one run under `dir`.
-fn faults_json(dir: &std::path::Path) -> serde_json::Value {
-    let found = walk(dir)
-        .into_iter()
-        .find(|p| p.ends_with("faults.json"))
-        .unwrap_or_else(|| panic!("no faults.json under {}", dir.display()));
-    serde_json::from_str(&std::fs::read_to_string(found).unwrap()).unwrap()
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            v.extend(walk(&p));
-        } else {
-            v.push(p);
-        }
-    }
-    v
-}
-
 /// A partition from the ICN makes it lose the EPN (its lease runs out) and take it back
 /// when healed; a reset makes it lose the FLP at once; a slow link is applied and undone;
 /// every TF is accounted for, and no filter or rate is left behind.
@@ -441,7 +419,8 @@ at_s = 4.5
             .arg(dir.join("results")),
     );
     assert!(text.contains("invariant ok"), "{text}");
-    let f = faults_json(&dir.join("results"));
+    let f = run_dir(&dir.join("results")).join("faults.json");
+    let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
     let f = f.as_array().unwrap();
     assert_eq!(f.len(), 3, "{f:?}");
     for r in f {

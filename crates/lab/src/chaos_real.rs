@@ -81,11 +81,7 @@ fn real_fault(f: &fanin_sim::nodes::Fault, at_s: f64) -> Fault {
         node: name(f.node),
         action: Action::Kill,
         at_s: Some(at_s),
-        restart_after_s: None,
-        after_tfs: None,
-        peer: None,
-        for_s: None,
-        rate: None,
+        ..Fault::default()
     };
     let secs = |ms: u64| Some(ms as f64 / 1e3);
     match f.kind {
@@ -121,10 +117,7 @@ fn icn_fault(seed: u64, real_s: f64) -> Fault {
         action: if freeze { Action::Stop } else { Action::Kill },
         at_s: Some((0.3 + 0.4 * draw(0)) * real_s),
         restart_after_s: freeze.then(|| 2.0 + 2.0 * draw(1)),
-        after_tfs: None,
-        peer: None,
-        for_s: None,
-        rate: None,
+        ..Fault::default()
     }
 }
 

@@ -17,10 +17,11 @@ use tokio::sync::Mutex;
 use crate::testbed::netfault::{NetFault, NetFaults};
 
 /// What happens to the node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Action {
     /// SIGKILL at `at_s`; started again after `restart_after_s`, if given.
+    #[default]
     Kill,
     /// SIGSTOP at `at_s`; SIGCONT after `restart_after_s`, if given.
     Stop,
@@ -69,7 +70,7 @@ impl Action {
 }
 
 /// One `[[fault]]` of an experiment file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fault {
     /// `epn N` or `flp N`.
@@ -413,7 +414,10 @@ async fn inject_one(name: String, f: Fault, start: u64, nodes: Nodes, rec: Recor
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         },
-        _ => {
+        Action::Partition | Action::Slow | Action::Reset | Action::ExpireSession => {
+            return rec.failed(format!("fault {name}: a network fault is not a signal"));
+        }
+        Action::Kill | Action::Stop => {
             sleep_until_unix(start + (f.at_s.unwrap_or(0.0) * 1e6) as u64).await;
             let mut g = nodes.lock().await;
             let Some(n) = g.iter_mut().find(|n| n.name == name) else {
@@ -578,11 +582,7 @@ mod tests {
             node: node.into(),
             action,
             at_s: Some(1.0),
-            restart_after_s: None,
-            after_tfs: None,
-            peer: None,
-            for_s: None,
-            rate: None,
+            ..Fault::default()
         }
     }
 

@@ -80,16 +80,13 @@ impl TokenManager {
         }
         // Oldest TF first: a TF that moved to another EPN keeps its place.
         let i = self.wants.partition_point(|w| w.tf <= tf);
-        let started = false;
-        self.wants.insert(
-            i,
-            Want {
-                epn,
-                tf,
-                flps,
-                started,
-            },
-        );
+        let want = Want {
+            epn,
+            tf,
+            flps,
+            started: false,
+        };
+        self.wants.insert(i, want);
         let mut out = Vec::new();
         while let Some(g) = self.grant_from(i) {
             out.push(g);
@@ -121,7 +118,8 @@ impl TokenManager {
         // freed FLP can (no other could before, and nothing frees a token meanwhile).
         for started_only in [true, false] {
             let mut i = 0;
-            while i < self.wants.len() {
+            // Once both freed tokens are taken again, no want can gain any more.
+            while i < self.wants.len() && !self.retaken(g) {
                 let w = &self.wants[i];
                 let gains =
                     (w.started || !started_only) && (w.epn == g.epn || w.flps.contains(&g.flp));
@@ -198,6 +196,11 @@ impl TokenManager {
     }
 
     /// One grant for want `i`, if its EPN has a token free and one of its FLPs too.
+    /// Are the FLP's and the EPN's tokens that `g` freed both out again?
+    fn retaken(&self, g: Grant) -> bool {
+        self.flp_busy(g.flp) >= self.per_flp && self.epn_busy(g.epn) >= self.per_epn
+    }
+
     fn grant_from(&mut self, i: usize) -> Option<Grant> {
         let w = &self.wants[i];
         if w.flps.is_empty() || self.epn_busy(w.epn) >= self.per_epn {

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 
 use super::peer::{PeerReport, Transport};
 use super::{NetKind, Row, Tuning};
-use crate::testbed::spec::{QueueLimit, Shaping, Spec};
+use crate::testbed::spec::{argv, QueueLimit, Shaping, Spec};
 use crate::testbed::{need_root, sh};
 
 /// The seed's Table II TCP buffers (min, default, max), per network namespace.
@@ -52,10 +52,6 @@ impl Drop for Place {
             }
         }
     }
-}
-
-fn argv(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| s.to_string()).collect()
 }
 
 /// Writes one sysctl inside a namespace.

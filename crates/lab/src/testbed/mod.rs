@@ -294,7 +294,7 @@ pub fn bring_up(s: &Spec) -> anyhow::Result<()> {
 
 /// The namespaces of testbed `name` that exist now.
 fn existing(name: &str) -> anyhow::Result<Vec<String>> {
-    let out = sh(&["ip".into(), "netns".into(), "list".into()])?;
+    let out = sh(&spec::argv(&["ip", "netns", "list"]))?;
     Ok(out
         .lines()
         .filter_map(|l| l.split_whitespace().next())
@@ -308,7 +308,7 @@ fn existing(name: &str) -> anyhow::Result<Vec<String>> {
 pub fn down(name: &str) -> anyhow::Result<usize> {
     let nss = existing(name)?;
     for ns in &nss {
-        if let Ok(pids) = sh(&["ip".into(), "netns".into(), "pids".into(), ns.clone()]) {
+        if let Ok(pids) = sh(&spec::argv(&["ip", "netns", "pids", ns])) {
             for pid in pids
                 .split_whitespace()
                 .filter_map(|p| p.parse::<u32>().ok())
@@ -316,7 +316,7 @@ pub fn down(name: &str) -> anyhow::Result<usize> {
                 crate::process::signal(pid, libc::SIGKILL);
             }
         }
-        sh(&["ip".into(), "netns".into(), "del".into(), ns.clone()])?;
+        sh(&spec::argv(&["ip", "netns", "del", ns]))?;
     }
     let p = state_path(name);
     if p.exists() {
