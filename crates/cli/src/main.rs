@@ -25,7 +25,8 @@ use fanin_sched::parse_bytes;
     about = "A load-balanced event builder for detector read-out"
 )]
 struct Cli {
-    /// Tokio worker threads of this process (1 measured fastest on a 2-core machine).
+    /// Threads that run this process's tasks (1, the fastest measured on 2 cores: one
+    /// thread runs the command and every task; more: a multi-thread runtime).
     #[arg(long, global = true, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     threads: u16,
     /// Check the command line and the files it names, run nothing ("ok: ..." on stdout).
@@ -511,8 +512,17 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(usize::from(cli.threads))
+    // One thread runs the command and all its tasks (no wake-ups across threads, each of
+    // which costs a futex and, on a VM, an IPI); more threads get a multi-thread runtime.
+    let mut rt = match cli.threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(usize::from(n));
+            b
+        }
+    };
+    let rt = rt
         .enable_all()
         .build()
         .context("starting the tokio runtime")

@@ -449,19 +449,26 @@ impl Shell {
         loop {
             let room = self.core.room();
             let taking = self.source_live && !self.held;
-            let input = tokio::select! {
-                f = frames.recv() => match f.unwrap_or(Ok(None)) {
-                    Ok(Some(m)) => Input::Control(m),
-                    Ok(None) => return Err(lost_icn(Role::Flp, me, icn, None, metrics)),
-                    Err(e) => return Err(lost_icn(Role::Flp, me, icn, Some(e), metrics)),
-                },
-                Some((job, ok)) = done.recv() => Input::Sent { job, ok },
-                Some((epn, res)) = conns.recv() => self.connected(epn, res),
-                _ = heartbeat.tick() => Input::Heartbeat,
-                other = crate::join::leader_moved(leader.as_mut(), icn) => {
-                    return Err(crate::join::not_leading(Role::Flp, me, icn, &other));
+            // Ended sends first: an STF whose TF the ICN released is then freed before
+            // the next Assign is judged against the buffer (the ICN's window counts on it).
+            let ended = done.try_recv().ok();
+            let input = if let Some((job, ok)) = ended {
+                Input::Sent { job, ok }
+            } else {
+                tokio::select! {
+                    f = frames.recv() => match f.unwrap_or(Ok(None)) {
+                        Ok(Some(m)) => Input::Control(m),
+                        Ok(None) => return Err(lost_icn(Role::Flp, me, icn, None, metrics)),
+                        Err(e) => return Err(lost_icn(Role::Flp, me, icn, Some(e), metrics)),
+                    },
+                    Some((job, ok)) = done.recv() => Input::Sent { job, ok },
+                    Some((epn, res)) = conns.recv() => self.connected(epn, res),
+                    _ = heartbeat.tick() => Input::Heartbeat,
+                    other = crate::join::leader_moved(leader.as_mut(), icn) => {
+                        return Err(crate::join::not_leading(Role::Flp, me, icn, &other));
+                    }
+                    ev = next_stf(self.source.as_mut(), room), if taking => self.take_stfs(ev),
                 }
-                ev = next_stf(self.source.as_mut(), room), if taking => self.take_stfs(ev),
             };
             if !matches!(input, Input::Flush | Input::Heartbeat) {
                 self.held = false; // room may have been freed: ask the source again
