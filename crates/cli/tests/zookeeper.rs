@@ -283,3 +283,43 @@ at_s = 1.0
     assert!(text.contains("issued 500 completed 500"), "{text}");
     assert!(text.contains("invariant ok"), "{text}");
 }
+
+/// A node started while a run was going that never gets in (here: its id is taken, a
+/// refusal it keeps trying past) ends with that run, not at the end of its connect
+/// time-out: it learned the run from the registry when it started, and the registry
+/// says when that run ended.
+#[test]
+fn a_node_that_never_got_into_its_run_ends_with_the_run() {
+    let server = zk(100);
+    let url = server.url("/fanin-late");
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "flps = 1\nepns = 1\nrate_hz = 100\ntfs = 300\nstf_size = \"32KiB\"\n";
+    let mut icn = icn(dir.path(), "icn", &url, toml);
+    let mut nodes = [
+        node(dir.path(), "epn", 0, &url),
+        node(dir.path(), "flp", 0, &url),
+    ];
+    icn.wait_issued(50);
+    let log = dir.path().join("spare.log");
+    let mut spare = Proc::spawn(
+        "the second EPN 0",
+        fanin()
+            .args(["epn", "--registry", &url, "--session-timeout-ms", "1000"])
+            .args(["--id", "0", "--data-bind", "127.0.0.1:0"])
+            .args(["--connect-timeout", "120"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    let (st, s, _) = icn.finish(60);
+    assert!(st.success());
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    assert_eq!(u(&s, "completed"), 300, "{s}");
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+    let st = spare.wait(20);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    assert!(text.contains("already"), "it was refused: {text}");
+    assert!(text.contains("ended"), "it heard the run end: {text}");
+}

@@ -221,8 +221,9 @@ pub async fn join(
     })
 }
 
-/// A node that kept run `run_id` across an ICN loss: did that run end meanwhile, says
-/// the registry? Then there is nothing to join, and the node's run is over.
+/// A node that belongs to run `run_id` (kept across an ICN loss, or going when the node
+/// started): did that run end meanwhile, says the registry? Then there is nothing to
+/// join, and the node's run is over.
 pub async fn ended_meanwhile(
     reg: Option<&crate::registry::ZkRegistry>,
     run_id: Option<u64>,
@@ -238,6 +239,31 @@ pub async fn ended_meanwhile(
         tracing::info!("{name} {me}: run {run_id} ended while this {name} was away");
     }
     ended
+}
+
+/// How often a joining node asks the registry whether its run ended.
+const RUN_END_POLL: Duration = Duration::from_millis(500);
+
+/// Resolves with `run_id` once the registry marks that run ended; never without a
+/// registry or a run.
+async fn run_ends(reg: Option<&crate::registry::ZkRegistry>, run_id: Option<u64>) -> u64 {
+    let (Some(r), Some(run_id)) = (reg, run_id) else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(RUN_END_POLL).await;
+        if crate::icn::run_state::ended(r, run_id).await {
+            return run_id;
+        }
+    }
+}
+
+/// The run a node starting with a registry belongs to: the one the registry names, if
+/// it has not ended (a node restarted mid-run learns its run so). A long-lived node
+/// (`session`) belongs to no one run.
+pub async fn run_going(reg: Option<&crate::registry::ZkRegistry>, session: bool) -> Option<u64> {
+    let r = reg.filter(|_| !session)?;
+    crate::icn::run_state::going(r).await
 }
 
 /// The leader znode to follow, with a registry: an ICN that no longer leads is left.
@@ -304,13 +330,33 @@ pub struct JoinSpec<'a> {
     /// Long-lived (run control): a run that cannot take this node now (full, not
     /// registering, not this id) is waited out, not an end.
     pub session: bool,
+    /// The run this node belongs to, when it knows one (kept across an ICN loss, or
+    /// going in the registry when the node started): joining ends when that run does.
+    pub run: Option<u64>,
 }
 
 /// One incarnation's way in: find the ICN, connect and register (under the id of the
 /// previous incarnation, if any), keep the id, and register in the registry. Every
 /// failure but a final refusal is `IcnUnreachable`: the caller tries again (first join
-/// and rejoin alike) within the connect time-out.
+/// and rejoin alike) within the connect time-out. None: the registry says the node's
+/// run (`spec.run`) ended meanwhile, so there is nothing to join (no ICN may be left
+/// to answer).
 pub async fn join_run(
+    spec: &JoinSpec<'_>,
+    id: &std::cell::Cell<Option<u32>>,
+    data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
+) -> Result<Option<(SocketAddr, Joined)>, NodeError> {
+    tokio::select! {
+        joined = join_once(spec, id, data_addr) => joined.map(Some),
+        run = run_ends(spec.registry, spec.run) => {
+            let (name, me) = (spec.role.name(), id.get().unwrap_or_default());
+            tracing::info!("{name} {me}: run {run} ended while this {name} was joining");
+            Ok(None)
+        }
+    }
+}
+
+async fn join_once(
     spec: &JoinSpec<'_>,
     id: &std::cell::Cell<Option<u32>>,
     data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,

@@ -78,12 +78,13 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
+    let going = crate::join::run_going(reg.as_ref(), opts.session).await;
     let (o, m, r, idr, k) = (&opts, &metrics, reg.as_ref(), &id, &kept);
     incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
-        move |rejoining| run_once(o, m, idr, r, k, rejoining),
+        move |rejoining| run_once(o, m, idr, r, k, (rejoining, going)),
     )
     .await
 }
@@ -110,11 +111,12 @@ async fn run_once(
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
     kept: &std::cell::RefCell<Option<KeptRun>>,
-    rejoining: bool,
+    (rejoining, going): (bool, Option<u64>),
 ) -> Result<(), NodeError> {
     let metrics = metrics.clone();
-    let kept_run = kept.borrow().as_ref().map(|k| k.run_id);
-    if crate::join::ended_meanwhile(reg, kept_run, Role::Epn, id.get()).await {
+    // The run it belongs to: the one it kept, else the one going when it started.
+    let run = kept.borrow().as_ref().map(|k| k.run_id).or(going);
+    if crate::join::ended_meanwhile(reg, run, Role::Epn, id.get()).await {
         kept.borrow_mut().take();
         return Ok(());
     }
@@ -124,7 +126,10 @@ async fn run_once(
         Some(l) => l,
         None => Arc::new(bind_data(opts.data_bind, rejoining).await?),
     };
-    let (icn, joined) = join_epn(opts, id, reg, listener.local_addr()?).await?;
+    let Some((icn, joined)) = join_epn(opts, id, reg, run, listener.local_addr()?).await? else {
+        kept.borrow_mut().take();
+        return Ok(());
+    };
     // Not the run it was in: the kept one ends at once (its acceptor stops before any
     // FLP of the new run can connect: they learn of this EPN only after this answer).
     let taken = kept.borrow_mut().take();
@@ -332,9 +337,11 @@ async fn join_epn(
     opts: &EpnOptions,
     id: &std::cell::Cell<Option<u32>>,
     registry: Option<&ZkRegistry>,
+    run: Option<u64>,
     local: SocketAddr,
-) -> Result<(SocketAddr, crate::join::Joined), NodeError> {
+) -> Result<Option<(SocketAddr, crate::join::Joined)>, NodeError> {
     let spec = JoinSpec {
+        run,
         role: Role::Epn,
         icn: opts.icn,
         registry,

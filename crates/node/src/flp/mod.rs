@@ -53,8 +53,9 @@ pub struct FlpOptions {
 }
 
 impl FlpOptions {
-    fn join_spec<'a>(&'a self, registry: Option<&'a ZkRegistry>) -> JoinSpec<'a> {
+    fn join_spec<'a>(&'a self, registry: Option<&'a ZkRegistry>, run: Option<u64>) -> JoinSpec<'a> {
         JoinSpec {
+            run,
             role: Role::Flp,
             icn: self.icn,
             registry,
@@ -78,12 +79,13 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
+    let going = crate::join::run_going(reg.as_ref(), opts.session).await;
     let (o, m, r, idr, k) = (&opts, &metrics, reg.as_ref(), &id, &kept);
     incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
-        move |_rejoining| run_once(o, m, idr, r, k),
+        move |_rejoining| run_once(o, m, idr, r, k, going),
     )
     .await
 }
@@ -102,13 +104,19 @@ async fn run_once(
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
     kept: &std::cell::RefCell<Option<KeptRun>>,
+    going: Option<u64>,
 ) -> Result<(), NodeError> {
-    let kept_run = kept.borrow().as_ref().map(|k| k.run_id);
-    if crate::join::ended_meanwhile(reg, kept_run, Role::Flp, id.get()).await {
+    // The run it belongs to: the one it kept, else the one going when it started.
+    let run = kept.borrow().as_ref().map(|k| k.run_id).or(going);
+    if crate::join::ended_meanwhile(reg, run, Role::Flp, id.get()).await {
         kept.borrow_mut().take();
         return Ok(());
     }
-    let (icn, mut joined) = join_run(&opts.join_spec(reg), id, |_| Ok(String::new())).await?;
+    let spec = opts.join_spec(reg, run);
+    let Some((icn, mut joined)) = join_run(&spec, id, |_| Ok(String::new())).await? else {
+        kept.borrow_mut().take();
+        return Ok(());
+    };
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
     let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);

@@ -199,12 +199,23 @@ impl Claim {
     }
 }
 
+/// The run state as the registry holds it; no answer, or no state, is None.
+async fn read(reg: &crate::registry::ZkRegistry) -> Option<RunState> {
+    let state = reg.run_state(crate::registry::runtime::RUN).await;
+    state.ok().flatten().and_then(|t| RunState::parse(&t))
+}
+
+/// The run the state znode names, if it has not ended.
+pub async fn going(reg: &crate::registry::ZkRegistry) -> Option<u64> {
+    read(reg).await.filter(|s| !s.ended).map(|s| s.run_id)
+}
+
 /// Did run `run_id` end, says the registry? (A node that was away when it ended then
 /// has nothing to join.) No answer counts as no.
 pub async fn ended(reg: &crate::registry::ZkRegistry, run_id: u64) -> bool {
-    let state = reg.run_state(crate::registry::runtime::RUN).await;
-    let state = state.ok().flatten().and_then(|t| RunState::parse(&t));
-    state.is_some_and(|s| s.run_id == run_id && s.ended)
+    read(reg)
+        .await
+        .is_some_and(|s| s.run_id == run_id && s.ended)
 }
 
 /// An answer that says another ICN wrote the state, or this session is over.
