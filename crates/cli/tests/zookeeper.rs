@@ -5,6 +5,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use common::{fanin, read_summary, tf_rows, u, Proc};
 use fanin_node::registry::zk_server::ZkServer;
@@ -293,7 +294,7 @@ fn a_node_that_never_got_into_its_run_ends_with_the_run() {
     let server = zk(100);
     let url = server.url("/fanin-late");
     let dir = tempfile::tempdir().unwrap();
-    let toml = "flps = 1\nepns = 1\nrate_hz = 100\ntfs = 300\nstf_size = \"32KiB\"\n";
+    let toml = "flps = 1\nepns = 1\nrate_hz = 100\ntfs = 1000\nstf_size = \"32KiB\"\n";
     let mut icn = icn(dir.path(), "icn", &url, toml);
     let mut nodes = [
         node(dir.path(), "epn", 0, &url),
@@ -310,16 +311,77 @@ fn a_node_that_never_got_into_its_run_ends_with_the_run() {
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap()),
     );
+    // Refused while the run goes on (10 s of TFs; the first refusal comes within one).
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while !std::fs::read_to_string(&log).is_ok_and(|t| t.contains("already")) {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(std::time::Instant::now() < deadline, "not refused: {text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let (st, s, _) = icn.finish(60);
     assert!(st.success());
     assert_eq!(s["invariant_ok"], true, "{s}");
-    assert_eq!(u(&s, "completed"), 300, "{s}");
+    assert_eq!(u(&s, "completed"), 1000, "{s}");
     for p in &mut nodes {
         assert!(p.wait(30).success(), "{} failed", p.name);
     }
     let st = spare.wait(20);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(st.success(), "{text}");
-    assert!(text.contains("already"), "it was refused: {text}");
     assert!(text.contains("ended"), "it heard the run end: {text}");
+}
+
+/// A node inside its join when its run ends (the elected address takes the connection
+/// and never answers, so the node waits for its challenge, 10 s) stops within a second
+/// or so: it watches the registry's run state while it joins.
+#[test]
+fn a_node_waiting_inside_its_join_stops_when_the_registry_says_its_run_ended() {
+    use fanin_node::icn::run_state::RunState;
+    use fanin_node::registry::{runtime::RUN, zk::ZkRegistry, RegistryUrl};
+    let server = zk(100);
+    let url = server.url("/fanin-stuck");
+    let dir = tempfile::tempdir().unwrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let reg_url = RegistryUrl::parse(&url).unwrap();
+    let reg = rt
+        .block_on(ZkRegistry::connect(&reg_url, Duration::from_secs(10)))
+        .unwrap();
+    let lead = rt.block_on(reg.elect(RUN, &addr)).unwrap();
+    let state = |ended| RunState {
+        run_id: 7,
+        id_base: 0,
+        epoch: 0,
+        results: dir.path().display().to_string(),
+        rows: "tfs.csv".into(),
+        ended,
+    };
+    let v = rt
+        .block_on(lead.set_run_state(&state(false).encode(), None))
+        .unwrap();
+    let log = dir.path().join("epn.log");
+    let mut epn = Proc::spawn(
+        "EPN 0",
+        fanin()
+            .args(["epn", "--registry", &url, "--session-timeout-ms", "1000"])
+            .args(["--id", "0", "--data-bind", "127.0.0.1:0"])
+            .args(["--connect-timeout", "120"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    // Its connection: the EPN now waits inside its join for a challenge.
+    let (_held, _) = silent.accept().unwrap();
+    rt.block_on(lead.set_run_state(&state(true).encode(), Some(v)))
+        .unwrap();
+    let st = epn.wait(8);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "{text}");
+    assert!(
+        text.contains("run 7 ended while this EPN was joining"),
+        "{text}"
+    );
 }

@@ -258,12 +258,35 @@ async fn run_ends(reg: Option<&crate::registry::ZkRegistry>, run_id: Option<u64>
     }
 }
 
-/// The run a node starting with a registry belongs to: the one the registry names, if
-/// it has not ended (a node restarted mid-run learns its run so). A long-lived node
-/// (`session`) belongs to no one run.
-pub async fn run_going(reg: Option<&crate::registry::ZkRegistry>, session: bool) -> Option<u64> {
-    let r = reg.filter(|_| !session)?;
-    crate::icn::run_state::going(r).await
+/// The run a node belongs to: the one going in the registry when it started (a node
+/// restarted mid-run learns its run so), then each one it joined. Its end leaves the
+/// node nothing to join. A long-lived node (`--session`) belongs to no one run.
+pub struct OwnRun {
+    run: std::cell::Cell<Option<u64>>,
+    session: bool,
+}
+
+impl OwnRun {
+    pub async fn at_start(reg: Option<&crate::registry::ZkRegistry>, session: bool) -> OwnRun {
+        let going = match reg.filter(|_| !session) {
+            Some(r) => crate::icn::run_state::going(r).await,
+            None => None,
+        };
+        OwnRun {
+            run: std::cell::Cell::new(going),
+            session,
+        }
+    }
+
+    pub fn get(&self) -> Option<u64> {
+        self.run.get()
+    }
+
+    pub fn joined(&self, run_id: u64) {
+        if !self.session {
+            self.run.set(Some(run_id));
+        }
+    }
 }
 
 /// The leader znode to follow, with a registry: an ICN that no longer leads is left.
@@ -347,6 +370,7 @@ pub async fn join_run(
     data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
 ) -> Result<Option<(SocketAddr, Joined)>, NodeError> {
     tokio::select! {
+        biased; // a join that made it is kept
         joined = join_once(spec, id, data_addr) => joined.map(Some),
         run = run_ends(spec.registry, spec.run) => {
             let (name, me) = (spec.role.name(), id.get().unwrap_or_default());

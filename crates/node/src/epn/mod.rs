@@ -78,13 +78,13 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
-    let going = crate::join::run_going(reg.as_ref(), opts.session).await;
-    let (o, m, r, idr, k) = (&opts, &metrics, reg.as_ref(), &id, &kept);
+    let own = crate::join::OwnRun::at_start(reg.as_ref(), opts.session).await;
+    let (o, m, r, idr, k, own) = (&opts, &metrics, reg.as_ref(), &id, &kept, &own);
     incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
-        move |rejoining| run_once(o, m, idr, r, k, (rejoining, going)),
+        move |rejoining| run_once(o, m, idr, r, k, (rejoining, own)),
     )
     .await
 }
@@ -105,19 +105,40 @@ struct KeptRun {
     icn_away: Arc<AtomicBool>,
 }
 
+impl KeptRun {
+    /// The run ended while this EPN was away: what it still builds ends as at a RunStop,
+    /// and its sinks close (their files and commands finish) before the EPN goes.
+    async fn end(self) {
+        drop(self._acceptor);
+        let stop = Message::RunStop {
+            run_id: self.run_id,
+        };
+        let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
+        let mut build = self.build_task;
+        let _ = (&mut build.0).await;
+    }
+}
+
+/// Ends the kept run, if any (its run ended: nothing to join).
+async fn end_kept(kept: &std::cell::RefCell<Option<KeptRun>>) {
+    let k = kept.borrow_mut().take();
+    if let Some(k) = k {
+        k.end().await;
+    }
+}
+
 async fn run_once(
     opts: &EpnOptions,
     metrics: &Arc<Metrics>,
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
     kept: &std::cell::RefCell<Option<KeptRun>>,
-    (rejoining, going): (bool, Option<u64>),
+    (rejoining, own): (bool, &crate::join::OwnRun),
 ) -> Result<(), NodeError> {
     let metrics = metrics.clone();
-    // The run it belongs to: the one it kept, else the one going when it started.
-    let run = kept.borrow().as_ref().map(|k| k.run_id).or(going);
+    let run = kept.borrow().as_ref().map(|k| k.run_id).or(own.get());
     if crate::join::ended_meanwhile(reg, run, Role::Epn, id.get()).await {
-        kept.borrow_mut().take();
+        end_kept(kept).await;
         return Ok(());
     }
     // A kept run keeps its data port; it is taken only once the ICN answered.
@@ -127,9 +148,10 @@ async fn run_once(
         None => Arc::new(bind_data(opts.data_bind, rejoining).await?),
     };
     let Some((icn, joined)) = join_epn(opts, id, reg, run, listener.local_addr()?).await? else {
-        kept.borrow_mut().take();
+        end_kept(kept).await;
         return Ok(());
     };
+    own.joined(joined.run_id);
     // Not the run it was in: the kept one ends at once (its acceptor stops before any
     // FLP of the new run can connect: they learn of this EPN only after this answer).
     let taken = kept.borrow_mut().take();
@@ -180,7 +202,7 @@ async fn start(
         admission: crate::admission::Admission::new(prep.flps as usize),
     });
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener.clone(), ctx)));
-    let (core, sinks) = build_core(opts, me, &prep, &b_tx, metrics)?;
+    let (core, sinks) = build_core(opts, me, &prep, &b_tx, metrics).await?;
     let (ctl_watch, ctl) = tokio::sync::watch::channel(ctl_tx.clone());
     let icn_away = Arc::new(AtomicBool::new(false));
     let shell = BuildShell {
@@ -363,7 +385,7 @@ async fn join_epn(
 }
 
 /// The builder of one run, with its sinks when it has any.
-fn build_core(
+async fn build_core(
     opts: &EpnOptions,
     me: u32,
     prep: &fanin_proto::Prepare,
@@ -383,8 +405,9 @@ fn build_core(
         on_failure: opts.on_sink_failure,
         exec_zero_copy: opts.exec_zero_copy,
     };
-    let sinks =
-        Sinks::start(&opts.sinks, sink_ctx, b_tx.clone()).with_context(|| format!("EPN {me}"))?;
+    let sinks = Sinks::start(&opts.sinks, sink_ctx, b_tx.clone())
+        .await
+        .with_context(|| format!("EPN {me}"))?;
     let delivery = Delivery {
         complete_on: opts.complete_on,
         in_order: opts.in_order,

@@ -67,6 +67,11 @@ impl FlpOptions {
     }
 }
 
+/// The most one turn of the loop takes from the source, in bytes: a source that reads
+/// or checks its payloads (a replay, the CRC) never holds up the senders, which share
+/// the loop's thread, for long.
+const TAKE_BYTES: u64 = 8 << 20;
+
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id.
 pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
@@ -79,13 +84,13 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     .await?;
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
-    let going = crate::join::run_going(reg.as_ref(), opts.session).await;
-    let (o, m, r, idr, k) = (&opts, &metrics, reg.as_ref(), &id, &kept);
+    let own = crate::join::OwnRun::at_start(reg.as_ref(), opts.session).await;
+    let (o, m, r, idr, k, own) = (&opts, &metrics, reg.as_ref(), &id, &kept, &own);
     incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
-        move |_rejoining| run_once(o, m, idr, r, k, going),
+        move |_rejoining| run_once(o, m, idr, r, k, own),
     )
     .await
 }
@@ -104,10 +109,9 @@ async fn run_once(
     id: &std::cell::Cell<Option<u32>>,
     reg: Option<&ZkRegistry>,
     kept: &std::cell::RefCell<Option<KeptRun>>,
-    going: Option<u64>,
+    own: &crate::join::OwnRun,
 ) -> Result<(), NodeError> {
-    // The run it belongs to: the one it kept, else the one going when it started.
-    let run = kept.borrow().as_ref().map(|k| k.run_id).or(going);
+    let run = kept.borrow().as_ref().map(|k| k.run_id).or(own.get());
     if crate::join::ended_meanwhile(reg, run, Role::Flp, id.get()).await {
         kept.borrow_mut().take();
         return Ok(());
@@ -117,6 +121,7 @@ async fn run_once(
         kept.borrow_mut().take();
         return Ok(());
     };
+    own.joined(joined.run_id);
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
     let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
@@ -577,16 +582,20 @@ impl Shell {
     }
 
     /// Takes an STF from the source, and every other one ready at once (up to a
-    /// frame's worth), into the core; then what to feed: the announcement, or the
-    /// source's end (after the announcement).
+    /// frame's worth, and `TAKE_BYTES`), into the core; then what to feed: the
+    /// announcement, or the source's end (after the announcement).
     fn take_stfs(&mut self, first: Result<Event, SourceError>) -> Input {
         let mut ev = Some(first);
+        let mut taken = 0;
         for _ in 0..ANNOUNCE_BATCH {
             let Some(e) = ev.take() else { break };
+            if let Ok(Event::Stf(p)) = &e {
+                taken += p.info.size;
+            }
             if let Some(end) = self.source_event(e) {
                 return end;
             }
-            if self.held {
+            if self.held || taken >= TAKE_BYTES {
                 break;
             }
             let room = self.core.room();

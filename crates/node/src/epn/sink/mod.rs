@@ -237,14 +237,15 @@ pub struct Sinks {
 impl Sinks {
     /// Starts the sink thread, which opens every sink (commands started, libraries
     /// loaded and initialised, ports bound) before it takes a TF: every plug-in call
-    /// happens on that one thread. An error names the sink.
-    pub fn start(
+    /// happens on that one thread. An error names the sink. The opening is awaited, so a
+    /// slow plug-in does not hold up the EPN's other tasks.
+    pub async fn start(
         specs: &[SinkSpec],
         ctx: SinkCtx,
         verdicts: mpsc::Sender<BuildEvent>,
     ) -> anyhow::Result<Sinks> {
         let (tx, rx) = std::sync::mpsc::channel();
-        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let (ready_tx, ready) = tokio::sync::oneshot::channel();
         let specs = specs.to_vec();
         let thread = std::thread::Builder::new()
             .name(format!("epn{}-sinks", ctx.epn))
@@ -257,7 +258,7 @@ impl Sinks {
                 guarded(sinks, ctx, rx, verdicts)
             })
             .context("starting the sink thread")?;
-        match ready.recv() {
+        match ready.await {
             Ok(Ok(())) => Ok(Sinks {
                 tx: Some(tx),
                 thread: Some(thread),
