@@ -361,9 +361,9 @@ pub struct JoinSpec<'a> {
 /// One incarnation's way in: find the ICN, connect and register (under the id of the
 /// previous incarnation, if any), keep the id, and register in the registry. Every
 /// failure but a final refusal is `IcnUnreachable`: the caller tries again (first join
-/// and rejoin alike) within the connect time-out. None: the registry says the node's
-/// run (`spec.run`) ended meanwhile, so there is nothing to join (no ICN may be left
-/// to answer).
+/// and rejoin alike) within the connect time-out. None: the node's run is over, so there
+/// is nothing to join: the registry says its run (`spec.run`) ended meanwhile (no ICN
+/// may be left to answer), or the ICN refused it as its run is stopping.
 pub async fn join_run(
     spec: &JoinSpec<'_>,
     id: &std::cell::Cell<Option<u32>>,
@@ -371,7 +371,7 @@ pub async fn join_run(
 ) -> Result<Option<(SocketAddr, Joined)>, NodeError> {
     tokio::select! {
         biased; // a join that made it is kept
-        joined = join_once(spec, id, data_addr) => joined.map(Some),
+        joined = join_once(spec, id, data_addr) => joined,
         run = run_ends(spec.registry, spec.run) => {
             let (name, me) = (spec.role.name(), id.get().unwrap_or_default());
             tracing::info!("{name} {me}: run {run} ended while this {name} was joining");
@@ -384,38 +384,58 @@ async fn join_once(
     spec: &JoinSpec<'_>,
     id: &std::cell::Cell<Option<u32>>,
     data_addr: impl FnOnce(&TcpStream) -> anyhow::Result<String>,
-) -> Result<(SocketAddr, Joined), NodeError> {
+) -> Result<Option<(SocketAddr, Joined)>, NodeError> {
     let reg = spec.registry;
     let icn = locate_icn(reg, spec.icn, spec.connect_timeout).await?;
     let attempt = match reg {
         Some(_) => REGISTRY_CONNECT_ATTEMPT.min(spec.connect_timeout),
         None => spec.connect_timeout,
     };
-    let joined = join(spec, icn, id.get(), attempt, data_addr)
-        .await
-        .map_err(|e| match &e {
-            JoinError::Refused {
-                code: RejectCode::Idle,
+    let joined = match join(spec, icn, id.get(), attempt, data_addr).await {
+        Ok(j) => j,
+        Err(
+            e @ JoinError::Refused {
+                code: RejectCode::RunOver,
                 ..
-            } => NodeError::IcnIdle(format!("{e:#}")),
-            JoinError::Refused {
-                code: RejectCode::SessionOver,
-                ..
-            } => NodeError::SessionOver(format!("{e:#}")),
-            JoinError::Refused {
-                code: RejectCode::RunFull | RejectCode::WrongPhase | RejectCode::UnknownId,
-                ..
-            } if spec.session => NodeError::IcnIdle(format!("{e:#}")),
-            _ if e.transient() => NodeError::IcnUnreachable(format!("{e:#}")),
-            _ => NodeError::Fatal(e.into()),
-        })?;
+            },
+        ) if !spec.session => {
+            tracing::info!("{e:#}: this {} has nothing to join", spec.role.name());
+            return Ok(None);
+        }
+        Err(e) => return Err(refused(e, spec.session)),
+    };
     id.set(Some(joined.me));
     if let Some(r) = reg {
         crate::registry::runtime::register(r, spec.role, joined.me, joined.local);
     }
     let name = spec.role.name();
     tracing::info!("{name} {}: registered for run {}", joined.me, joined.run_id);
-    Ok((icn, joined))
+    Ok(Some((icn, joined)))
+}
+
+/// What a failed join means for the node: wait (a long-lived node between runs), try
+/// again, end cleanly (the session is over) or end with the error.
+fn refused(e: JoinError, session: bool) -> NodeError {
+    match &e {
+        JoinError::Refused {
+            code: RejectCode::Idle,
+            ..
+        } => NodeError::IcnIdle(format!("{e:#}")),
+        JoinError::Refused {
+            code: RejectCode::SessionOver,
+            ..
+        } => NodeError::SessionOver(format!("{e:#}")),
+        JoinError::Refused {
+            code:
+                RejectCode::RunFull
+                | RejectCode::WrongPhase
+                | RejectCode::UnknownId
+                | RejectCode::RunOver,
+            ..
+        } if session => NodeError::IcnIdle(format!("{e:#}")),
+        _ if e.transient() => NodeError::IcnUnreachable(format!("{e:#}")),
+        _ => NodeError::Fatal(e.into()),
+    }
 }
 
 impl Joined {

@@ -157,6 +157,8 @@ pub enum RejectCode {
     Idle = 8,
     /// Run control: the session has ended (EXIT); a long-lived node exits.
     SessionOver = 9,
+    /// The run is stopping or done: a node of it has nothing left to join.
+    RunOver = 10,
 }
 
 impl RejectCode {
@@ -171,6 +173,7 @@ impl RejectCode {
             7 => RejectCode::WrongRun,
             8 => RejectCode::Idle,
             9 => RejectCode::SessionOver,
+            10 => RejectCode::RunOver,
             _ => RejectCode::Other,
         }
     }

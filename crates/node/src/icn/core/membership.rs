@@ -31,7 +31,11 @@ impl IcnCore {
                 self.cfg.run_id,
                 self.phase
             );
-            return self.reject(conn, peer, RejectCode::WrongPhase, msg);
+            let code = match self.phase {
+                Phase::Stopping | Phase::Done => RejectCode::RunOver,
+                _ => RejectCode::WrongPhase,
+            };
+            return self.reject(conn, peer, code, msg);
         }
         if midrun {
             return self.on_rejoin(conn, peer, reg);

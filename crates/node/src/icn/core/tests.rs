@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fanin_proto::{Message, NodeStats, Reason, Register, Role, TfReport, TfStatus};
+use fanin_proto::{Message, NodeStats, Reason, Register, RejectCode, Role, TfReport, TfStatus};
 use fanin_sched::policy::{LeastLoadedConfig, WhenNoneReady};
 use fanin_sched::PolicyKind;
 
@@ -449,6 +449,11 @@ fn registration_after_the_run_is_refused() {
     assert_eq!(h.core.phase(), Phase::Stopping);
     let out = h.register(80, Role::Epn, None);
     assert!(rejected(&out, 80).unwrap().contains("is Stopping"));
+    let code = to(&out, 80).into_iter().find_map(|m| match m {
+        Message::Reject { code, .. } => Some(code),
+        _ => None,
+    });
+    assert_eq!(code, Some(RejectCode::RunOver), "its node ends cleanly");
 }
 
 // ---- issuing ----
