@@ -372,6 +372,9 @@ impl<P> EpnCore<P> {
             }
             Message::RunStop { run_id } => {
                 tracing::info!("EPN {me}: run {run_id} stopping");
+                if self.away {
+                    self.free_held(out);
+                }
                 self.builder.stop(out);
                 self.stopping = true;
             }
@@ -407,6 +410,24 @@ impl<P> EpnCore<P> {
             tracing::info!("EPN {me}: {n} TFs built while the ICN was away go on");
             out.extend(std::mem::take(&mut self.held_back).into_values());
             self.metrics.set_level("tfs_held_back", 0);
+        }
+    }
+
+    /// The run ended while the ICN was away, so no ICN takes it over: what waited for
+    /// one (held back, or in the order queue) is freed, unreported and not handed on. The
+    /// ICN that ended the run accounted for those TFs.
+    fn free_held(&mut self, out: &mut Vec<Out<P>>) {
+        for (_, o) in std::mem::take(&mut self.held_back) {
+            if let Out::Built(b) = o {
+                out.extend(b.stfs.into_iter().map(|(_, p)| Out::Free(p)));
+            }
+        }
+        self.metrics.set_level("tfs_held_back", 0);
+        if let Some(order) = self.order.as_mut() {
+            let held: Vec<TfId> = order.held_ids().collect();
+            for b in held.into_iter().filter_map(|tf| order.take(tf)) {
+                out.extend(b.stfs.into_iter().map(|(_, p)| Out::Free(p)));
+            }
         }
     }
 
@@ -766,6 +787,33 @@ mod tests {
         assert_eq!(m.counter("tfs.complete.none"), 0);
         c.handle(0, Input::Control(start));
         assert_eq!(reports(&drain(&mut c)), [(9, TfStatus::Complete)]);
+    }
+
+    #[test]
+    fn a_run_that_ends_while_the_icn_is_away_frees_what_waited_and_stops() {
+        // In order, TF 6 waits for 5 in the order queue; else it is handed on at once.
+        for (in_order, freed) in [(None, 4), (Some(16), 6)] {
+            let mut c = sinks(CompleteOn::Built, in_order);
+            assign(&mut c, 5, 3);
+            let a = build(&mut c, 6);
+            assert_eq!(delivered(&a).len(), 1 - freed / 6);
+            c.handle(0, Input::IcnLost);
+            build(&mut c, 7);
+            build(&mut c, 8);
+            let stop = Message::RunStop { run_id: 1 };
+            c.handle(0, Input::Control(stop));
+            let mut a = drain(&mut c);
+            let frees = a.iter().filter(|x| matches!(x, Action::Free(_))).count();
+            assert_eq!(frees, freed, "{a:?}");
+            assert!(delivered(&a).is_empty(), "{a:?}");
+            if in_order.is_none() {
+                // TF 6, at the sinks, still gets its verdict before the stop.
+                assert_eq!(c.delivering(), 1);
+                a = verdict(&mut c, 6, Ok(()));
+            }
+            assert!(matches!(a.last(), Some(Action::Stopped)), "{a:?}");
+            assert_eq!(c.delivering(), 0);
+        }
     }
 
     #[test]

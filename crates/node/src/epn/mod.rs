@@ -115,9 +115,21 @@ impl KeptRun {
         };
         let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
         let mut build = self.build_task;
-        let _ = (&mut build.0).await;
+        // The core stops once its sinks returned every TF; a sink that never does is
+        // not waited for longer than a run's stop is.
+        if tokio::time::timeout(KEPT_END_WAIT, &mut build.0)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "EPN: the kept run's build did not stop within {KEPT_END_WAIT:?}; ending it"
+            );
+        }
     }
 }
+
+/// How long a kept run that ended may take to stop (its sinks to finish).
+const KEPT_END_WAIT: Duration = Duration::from_secs(30);
 
 /// Ends the kept run, if any (its run ended: nothing to join).
 async fn end_kept(kept: &std::cell::RefCell<Option<KeptRun>>) {
