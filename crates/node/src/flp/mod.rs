@@ -464,8 +464,7 @@ impl Shell {
             let taking = self.source_live && !self.held;
             // Ended sends first: an STF whose TF the ICN released is then freed before
             // the next Assign is judged against the buffer (the ICN's window counts on it).
-            let ended = done.try_recv().ok();
-            let input = if let Some((job, ok)) = ended {
+            let input = if let Ok((job, ok)) = done.try_recv() {
                 Input::Sent { job, ok }
             } else {
                 tokio::select! {
