@@ -47,7 +47,6 @@ pub struct Metrics {
     run_state: std::sync::atomic::AtomicU8,
 }
 
-/// An endpoint's handler.
 /// An STF event's counter and its bytes' counter (`Metrics::stf_counter`).
 pub struct StfCounter {
     stfs: Counter,
@@ -69,6 +68,7 @@ impl BufferGauge {
     }
 }
 
+/// An endpoint's handler.
 pub type Route = Box<dyn Fn(&Request) -> Reply + Send + Sync>;
 
 /// One HTTP request to a node's endpoint (bodies up to `MAX_BODY`).
@@ -271,12 +271,7 @@ impl Metrics {
     }
 
     pub fn set_buffer(&self, buffer: &str, used: u64, limit: u64) {
-        self.buffer
-            .get_or_create(&labels(&[("buffer", buffer)]))
-            .set(used as i64);
-        self.buffer_limit
-            .get_or_create(&labels(&[("buffer", buffer)]))
-            .set(limit as i64);
+        self.buffer_gauge(buffer).set(used, limit);
     }
 
     /// The run-control state and run number, as the ICN last told them: gauges

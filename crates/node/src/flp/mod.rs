@@ -67,6 +67,27 @@ impl FlpOptions {
     }
 }
 
+/// Control frames as they arrive, read by a task of their own, so the run loop can also
+/// wait for sends, connections and heartbeats (reading a frame is not cancel-safe).
+fn read_control(
+    mut rd: tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
+) -> (
+    AbortOnDrop<()>,
+    mpsc::Receiver<Result<Option<Message>, ConnError>>,
+) {
+    let (frames_tx, frames) = mpsc::channel(1024);
+    let reader = AbortOnDrop(tokio::spawn(async move {
+        loop {
+            let f = read_frame(&mut rd, MAX_CONTROL_BODY).await;
+            let end = !matches!(f, Ok(Some(_)));
+            if frames_tx.send(f).await.is_err() || end {
+                return;
+            }
+        }
+    }));
+    (reader, frames)
+}
+
 /// The most one turn of the loop takes from the source, in bytes: a source that reads
 /// or checks its payloads (a replay, the CRC) never holds up the senders, which share
 /// the loop's thread, for long.
@@ -112,12 +133,12 @@ async fn run_once(
     own: &crate::join::OwnRun,
 ) -> Result<(), NodeError> {
     let run = kept.borrow().as_ref().map(|k| k.run_id).or(own.get());
-    if crate::join::ended_meanwhile(reg, run, Role::Flp, id.get()).await {
-        kept.borrow_mut().take();
-        return Ok(());
-    }
-    let spec = opts.join_spec(reg, run);
-    let Some((icn, mut joined)) = join_run(&spec, id, |_| Ok(String::new())).await? else {
+    let joined = match crate::join::ended_meanwhile(reg, run, Role::Flp, id.get()).await {
+        true => None,
+        false => join_run(&opts.join_spec(reg, run), id, |_| Ok(String::new())).await?,
+    };
+    // Its run is over: nothing to join.
+    let Some((icn, mut joined)) = joined else {
         kept.borrow_mut().take();
         return Ok(());
     };
@@ -437,24 +458,10 @@ impl Shell {
         metrics: &Arc<Metrics>,
     ) -> Result<(), NodeError> {
         let me = self.ctx.me;
-        // Control frames arrive through a reader task, so the loop can also wait for
-        // sends, connections and heartbeats (reading a frame is not cancel-safe).
-        let (frames_tx, mut frames) = mpsc::channel::<Result<Option<Message>, ConnError>>(1024);
         let Joined {
-            rd: mut reader_half,
-            ctl,
-            writer,
-            ..
+            rd, ctl, writer, ..
         } = joined;
-        let reader = AbortOnDrop(tokio::spawn(async move {
-            loop {
-                let f = read_frame(&mut reader_half, MAX_CONTROL_BODY).await;
-                let end = !matches!(f, Ok(Some(_)));
-                if frames_tx.send(f).await.is_err() || end {
-                    return;
-                }
-            }
-        }));
+        let (reader, mut frames) = read_control(rd);
         // EPNs that joined mid-run: data connections being set up.
         let (conn_tx, mut conns) = mpsc::channel::<Connected>(64);
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
