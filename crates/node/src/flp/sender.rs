@@ -29,16 +29,17 @@ const BATCH_MAX: usize = 16;
 const BATCH_BYTES: u64 = 1 << 20;
 
 /// Writes all of `buf` with vectored writes (frame prefixes and payloads, up to 64
-/// pieces per system call), failing if no byte moves for `STALL_TIMEOUT`.
+/// pieces per system call), failing if no byte moves for `limit`.
 async fn write_with_progress(
     stream: &mut TcpStream,
     buf: &mut impl bytes::Buf,
+    limit: Duration,
 ) -> std::io::Result<()> {
     while buf.has_remaining() {
         let written = {
             let mut iov = [std::io::IoSlice::new(&[]); 64];
             let n = buf.chunks_vectored(&mut iov);
-            tokio::time::timeout(STALL_TIMEOUT, stream.write_vectored(&iov[..n])).await
+            tokio::time::timeout(limit, stream.write_vectored(&iov[..n])).await
         };
         match written {
             Ok(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
@@ -47,7 +48,7 @@ async fn write_with_progress(
             Err(_) => {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("no progress for {STALL_TIMEOUT:?} (EPN not reading)"),
+                    format!("no progress for {limit:?} (EPN not reading)"),
                 ))
             }
         }
@@ -184,7 +185,7 @@ async fn send_batch(ctx: &SendCtx, stream: &mut TcpStream, batch: &[Outgoing]) -
     for out in batch {
         frames.push(frame(ctx, out));
     }
-    if let Err(e) = write_with_progress(stream, &mut frames).await {
+    if let Err(e) = write_with_progress(stream, &mut frames, STALL_TIMEOUT).await {
         let epn = batch[0].job.epn;
         tracing::warn!("FLP {}: data connection to EPN {epn}: {e}", ctx.me);
     }
@@ -276,6 +277,53 @@ impl bytes::Buf for Frames<'_> {
 mod tests {
     use super::*;
     use bytes::Buf;
+    use tokio::io::AsyncReadExt;
+
+    /// A connected pair on loopback: the writer's end and the reader's.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let w = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (r, _) = l.accept().await.unwrap();
+        (w, r)
+    }
+
+    #[tokio::test]
+    async fn a_write_nobody_reads_fails_once_nothing_moves_for_the_limit() {
+        let (mut w, _r) = pair().await;
+        let data = vec![7u8; 64 << 20]; // far more than the kernel's buffers hold
+        let limit = Duration::from_millis(300);
+        let t = std::time::Instant::now();
+        let e = write_with_progress(&mut w, &mut &data[..], limit)
+            .await
+            .expect_err("the reader never reads");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        assert!(t.elapsed() >= limit);
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_that_keeps_reading_is_not_a_stall() {
+        let (mut w, mut r) = pair().await;
+        let total = 40 << 20;
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 2 << 20];
+            let mut got = 0;
+            while got < total {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                got += r.read(&mut buf).await.unwrap();
+            }
+        });
+        let data = vec![7u8; total];
+        let limit = Duration::from_secs(1);
+        let t = std::time::Instant::now();
+        write_with_progress(&mut w, &mut &data[..], limit)
+            .await
+            .expect("bytes kept moving");
+        assert!(
+            t.elapsed() > limit,
+            "the whole write outlived the limit: only a wait without progress counts"
+        );
+        reader.await.unwrap();
+    }
 
     fn frames<'a>(parts: &[&'a [u8]]) -> Frames<'a> {
         let mut f = Frames::default();
