@@ -453,15 +453,19 @@ pub fn in_range<T: PartialOrd + std::fmt::Display>(
 impl Checked {
     /// TFs in flight the ICN allows when unthrottled: `max_inflight`, but never more
     /// than the buffers hold, so back-pressure replaces drops. Every FLP holds one STF
-    /// per TF in flight (until its TF ends, with `reassign`) in `flp_buffer`, and the
-    /// EPNs together hold theirs in `epns x epn_buffer`; sizes are counted at their
-    /// largest, with a tenth kept free.
+    /// per TF in flight (until its TF ends, with `reassign`) in `flp_buffer`, and no
+    /// more than one EPN's share of it for any one EPN: were every TF in flight for an
+    /// EPN that lags, its queue still holds them. The EPNs together hold theirs in
+    /// `epns x epn_buffer`. Sizes are counted at their largest, with a tenth kept free.
     pub fn unthrottled_inflight(&self) -> u64 {
         let stf = self.stf_size.max().max(1);
         let flps = self.cfg.flps as u64;
         let by_flp = self.flp_buffer / stf;
+        let epns = self.cfg.epns as usize;
+        let share = crate::flp::core::epn_share(self.flp_buffer, stf, epns, self.on_data());
+        let by_share = share / stf;
         let by_epns = (self.cfg.epns as u64).saturating_mul(self.epn_buffer) / (stf * flps);
-        let bound = by_flp.min(by_epns) * 9 / 10;
+        let bound = by_flp.min(by_share).min(by_epns) * 9 / 10;
         self.cfg.max_inflight.min(bound.max(1))
     }
 
@@ -740,9 +744,19 @@ mod inflight_tests {
 
     #[test]
     fn unthrottled_runs_keep_in_flight_what_the_buffers_hold() {
-        // Defaults: 256 MiB of FLP buffer holds 256 STFs of 1 MiB; a tenth kept free.
+        // Defaults: 256 MiB of FLP buffer, of which one EPN's queue may take half: 128
+        // STFs of 1 MiB, a tenth kept free.
         let c = RunConfig::default().check().unwrap();
-        assert_eq!(c.unthrottled_inflight(), 230);
+        assert_eq!(c.unthrottled_inflight(), 115);
+        let one_epn = RunConfig {
+            epns: 1,
+            ..RunConfig::default()
+        };
+        assert_eq!(
+            one_epn.check().unwrap().unthrottled_inflight(),
+            230,
+            "one EPN's queue may take the whole buffer"
+        );
         let small = RunConfig {
             max_inflight: 10,
             ..RunConfig::default()

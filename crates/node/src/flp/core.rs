@@ -93,6 +93,18 @@ struct Queue {
     failed: bool,
 }
 
+/// The most of the send buffer one EPN's queue may hold: half of it with two EPNs or
+/// more, so one that stops reading cannot starve the rest (an unthrottled ICN keeps
+/// fewer TFs in flight than this holds). On-data, an STF's bytes are held from
+/// production on: a queue adds none, so it needs no share of its own (and a source's
+/// STF may be larger than half).
+pub fn epn_share(send_buffer: u64, stf_max: u64, epns: usize, on_data: bool) -> u64 {
+    match epns >= 2 && !on_data {
+        true => (send_buffer / 2).max(stf_max),
+        false => send_buffer,
+    }
+}
+
 /// The FLP of one run.
 pub struct FlpCore {
     me: u32,
@@ -131,13 +143,7 @@ impl FlpCore {
         epns: &[EpnId],
         metrics: Arc<Metrics>,
     ) -> FlpCore {
-        // On-data, an STF's bytes are held from production on: a queue adds none, so
-        // it needs no share of its own (and a source's STF may be larger than half).
-        let share = if epns.len() >= 2 && !on_data {
-            (send_buffer / 2).max(size.max())
-        } else {
-            send_buffer
-        };
+        let share = epn_share(send_buffer, size.max(), epns.len(), on_data);
         metrics.set_buffer("flp_send", 0, send_buffer);
         let mut core = FlpCore {
             me,

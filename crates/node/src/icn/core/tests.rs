@@ -590,6 +590,39 @@ fn unthrottled_waits_for_acknowledgements() {
 }
 
 #[test]
+fn unthrottled_keeps_no_more_in_flight_for_a_lagging_epn_than_its_queue_holds() {
+    // 16 MiB of FLP buffer and 1 MiB STFs: with two EPNs, one EPN's queue holds 8 STFs.
+    // EPN 0 builds every TF at once, EPN 1 none: round robin keeps giving it TFs.
+    let mut h = H::running(1, 2, |c| {
+        c.rate_hz = 0.0;
+        c.tfs = Some(1_000);
+        c.flp_buffer = crate::config::ByteSize(16 << 20);
+        c.stf_size = "1MiB".into();
+    });
+    let pending_on = |h: &H, epn: u32| {
+        let issued = h.core.progress().0;
+        (0..issued)
+            .filter(|&tf| h.core.ledger.is_pending(tf) && h.core.ledger.assigned(tf) == Some(epn))
+            .collect::<Vec<_>>()
+    };
+    let mut most = 0;
+    while let Some(&tf) = pending_on(&h, 0).first() {
+        most = most.max(pending_on(&h, 1).len());
+        h.complete(0, tf);
+    }
+    most = most.max(pending_on(&h, 1).len());
+    assert!(
+        (1..=8).contains(&most),
+        "EPN 1 had {most} TFs in flight: its queue at the FLP holds 8 STFs, the rest drop"
+    );
+    assert_eq!(
+        pending_on(&h, 1).len(),
+        h.core.in_flight(),
+        "waits for EPN 1"
+    );
+}
+
+#[test]
 fn unthrottled_pauses_while_an_flp_is_missing() {
     let mut h = H::running(2, 1, |c| {
         c.rate_hz = 0.0;

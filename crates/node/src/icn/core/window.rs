@@ -77,8 +77,8 @@ mod tests {
         }
         assert_eq!(
             w.size(),
-            230,
-            "the buffers' bound (256 MiB / 1 MiB, a tenth free)"
+            115,
+            "the buffers' bound (one EPN's half of 256 MiB / 1 MiB, a tenth free)"
         );
     }
 
