@@ -453,17 +453,27 @@ pub fn in_range<T: PartialOrd + std::fmt::Display>(
 impl Checked {
     /// TFs in flight the ICN allows when unthrottled: `max_inflight`, but never more
     /// than the buffers hold, so back-pressure replaces drops. Every FLP holds one STF
-    /// per TF in flight (until its TF ends, with `reassign`) in `flp_buffer`, and no
-    /// more than one EPN's share of it for any one EPN: were every TF in flight for an
-    /// EPN that lags, its queue still holds them. The EPNs together hold theirs in
-    /// `epns x epn_buffer`. Sizes are counted at their largest, with a tenth kept free.
+    /// per TF in flight (until its TF ends, with `reassign`) in `flp_buffer`, and its
+    /// queue for any one EPN holds no more than that EPN's share of it (and
+    /// `QUEUE_PER_EPN` STFs): were every TF in flight for an EPN that lags (push), its
+    /// queue still holds them. (A TF that ended, built incomplete, may leave its STF in
+    /// the queue until written: the tenth kept free and the window's halving on slow TFs
+    /// cover that.) The EPNs together hold theirs in `epns x epn_buffer`. Sizes are
+    /// counted at their largest, with a tenth kept free.
     pub fn unthrottled_inflight(&self) -> u64 {
+        use crate::flp::core::{epn_share, QUEUE_PER_EPN};
         let stf = self.stf_size.max().max(1);
         let flps = self.cfg.flps as u64;
         let by_flp = self.flp_buffer / stf;
         let epns = self.cfg.epns as usize;
-        let share = crate::flp::core::epn_share(self.flp_buffer, stf, epns, self.on_data());
-        let by_share = share / stf;
+        // Pulled, an FLP queues only the transfers an EPN asked for.
+        let by_share = match self.cfg.transfer {
+            Transfer::Pull => by_flp,
+            Transfer::Push => {
+                let share = epn_share(self.flp_buffer, stf, epns, self.on_data());
+                (share / stf).min(QUEUE_PER_EPN as u64)
+            }
+        };
         let by_epns = (self.cfg.epns as u64).saturating_mul(self.epn_buffer) / (stf * flps);
         let bound = by_flp.min(by_share).min(by_epns) * 9 / 10;
         self.cfg.max_inflight.min(bound.max(1))
@@ -756,6 +766,24 @@ mod inflight_tests {
             one_epn.check().unwrap().unthrottled_inflight(),
             230,
             "one EPN's queue may take the whole buffer"
+        );
+        let small_stfs = RunConfig {
+            stf_size: "16KiB".into(),
+            ..RunConfig::default()
+        };
+        assert_eq!(
+            small_stfs.check().unwrap().unthrottled_inflight(),
+            4096 * 9 / 10,
+            "an FLP queues at most 4096 STFs for one EPN"
+        );
+        let pulled = RunConfig {
+            transfer: Transfer::Pull,
+            ..RunConfig::default()
+        };
+        assert_eq!(
+            pulled.check().unwrap().unthrottled_inflight(),
+            230,
+            "pulled, an FLP queues only what an EPN asked for"
         );
         let small = RunConfig {
             max_inflight: 10,

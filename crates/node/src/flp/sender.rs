@@ -279,10 +279,17 @@ mod tests {
     use bytes::Buf;
     use tokio::io::AsyncReadExt;
 
-    /// A connected pair on loopback: the writer's end and the reader's.
+    /// A connected pair on loopback, the writer's end and the reader's, with small socket
+    /// buffers: the kernel holds little of a write, whatever the host's TCP settings.
     async fn pair() -> (TcpStream, TcpStream) {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let w = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        const BUF: u32 = 128 << 10;
+        let l = tokio::net::TcpSocket::new_v4().unwrap();
+        l.set_recv_buffer_size(BUF).unwrap();
+        l.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = l.listen(1).unwrap();
+        let c = tokio::net::TcpSocket::new_v4().unwrap();
+        c.set_send_buffer_size(BUF).unwrap();
+        let w = c.connect(l.local_addr().unwrap()).await.unwrap();
         let (r, _) = l.accept().await.unwrap();
         (w, r)
     }
@@ -290,11 +297,14 @@ mod tests {
     #[tokio::test]
     async fn a_write_nobody_reads_fails_once_nothing_moves_for_the_limit() {
         let (mut w, _r) = pair().await;
-        let data = vec![7u8; 64 << 20]; // far more than the kernel's buffers hold
+        let data = vec![7u8; 8 << 20]; // far more than the two small buffers hold
         let limit = Duration::from_millis(300);
         let t = std::time::Instant::now();
-        let e = write_with_progress(&mut w, &mut &data[..], limit)
+        let mut rest = &data[..];
+        let write = write_with_progress(&mut w, &mut rest, limit);
+        let e = tokio::time::timeout(Duration::from_secs(5), write)
             .await
+            .expect("the limit, not the default 10 s, ends the write")
             .expect_err("the reader never reads");
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
         assert!(t.elapsed() >= limit);
@@ -303,26 +313,33 @@ mod tests {
     #[tokio::test]
     async fn a_slow_reader_that_keeps_reading_is_not_a_stall() {
         let (mut w, mut r) = pair().await;
-        let total = 40 << 20;
+        let total = 4 << 20; // at most 256 KiB a tenth of a second: over 1.5 s
         let reader = tokio::spawn(async move {
-            let mut buf = vec![0u8; 2 << 20];
+            let mut buf = vec![0u8; 256 << 10];
             let mut got = 0;
             while got < total {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                got += r.read(&mut buf).await.unwrap();
+                let n = r.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the writer closed after {got} bytes");
+                got += n;
             }
+            got
         });
         let data = vec![7u8; total];
         let limit = Duration::from_secs(1);
         let t = std::time::Instant::now();
-        write_with_progress(&mut w, &mut &data[..], limit)
+        let mut rest = &data[..];
+        let write = write_with_progress(&mut w, &mut rest, limit);
+        tokio::time::timeout(Duration::from_secs(60), write)
             .await
+            .expect("the write ends")
             .expect("bytes kept moving");
         assert!(
             t.elapsed() > limit,
             "the whole write outlived the limit: only a wait without progress counts"
         );
-        reader.await.unwrap();
+        drop(w);
+        assert_eq!(reader.await.unwrap(), total);
     }
 
     fn frames<'a>(parts: &[&'a [u8]]) -> Frames<'a> {
