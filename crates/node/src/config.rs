@@ -798,52 +798,41 @@ mod inflight_tests {
 
     #[test]
     fn unthrottled_runs_keep_in_flight_what_the_buffers_hold() {
-        // Defaults: 256 MiB of FLP buffer, of which one EPN's queue may take half: 128
-        // STFs of 1 MiB, a tenth kept free.
-        let c = RunConfig::default().check().unwrap();
-        assert_eq!(c.unthrottled_inflight(), 115);
-        let one_epn = RunConfig {
-            epns: 1,
-            ..RunConfig::default()
+        let with = |tweak: fn(&mut RunConfig)| {
+            let mut c = RunConfig::default();
+            tweak(&mut c);
+            c.check().unwrap().unthrottled_inflight()
         };
-        assert_eq!(
-            one_epn.check().unwrap().unthrottled_inflight(),
-            230,
-            "one EPN's queue may take the whole buffer"
-        );
-        let small_stfs = RunConfig {
-            stf_size: "16KiB".into(),
-            ..RunConfig::default()
-        };
-        assert_eq!(
-            small_stfs.check().unwrap().unthrottled_inflight(),
-            4096 * 9 / 10,
-            "an FLP queues at most 4096 STFs for one EPN"
-        );
-        let pulled = RunConfig {
-            transfer: Transfer::Pull,
-            ..RunConfig::default()
-        };
-        assert_eq!(
-            pulled.check().unwrap().unthrottled_inflight(),
-            230,
-            "pulled, an FLP queues only what an EPN asked for"
-        );
-        let small = RunConfig {
-            max_inflight: 10,
-            ..RunConfig::default()
-        };
-        assert_eq!(small.check().unwrap().unthrottled_inflight(), 10);
-        let epn_bound = RunConfig {
-            flps: 8,
-            epns: 1,
-            epn_buffer: ByteSize(16 << 20),
-            ..RunConfig::default()
-        };
-        assert_eq!(
-            epn_bound.check().unwrap().unthrottled_inflight(),
-            1,
-            "2 x 8 MiB at most"
-        );
+        let cases: [(fn(&mut RunConfig), u64, &str); 6] = [
+            (
+                |_| {},
+                115,
+                "one EPN's queue holds half of 256 MiB: 128 STFs, a tenth free",
+            ),
+            (
+                |c| c.epns = 1,
+                230,
+                "one EPN's queue may take the whole buffer",
+            ),
+            (
+                |c| c.stf_size = "16KiB".into(),
+                3686,
+                "a queue holds 4096 STFs",
+            ),
+            (
+                |c| c.transfer = Transfer::Pull,
+                230,
+                "pulled, a queue holds what was asked",
+            ),
+            (|c| c.max_inflight = 10, 10, "max_inflight"),
+            (
+                |c| (c.flps, c.epns, c.epn_buffer) = (8, 1, ByteSize(16 << 20)),
+                1,
+                "the EPN's 16 MiB holds 2 TFs of 8 STFs",
+            ),
+        ];
+        for (tweak, want, why) in cases {
+            assert_eq!(with(tweak), want, "{why}");
+        }
     }
 }
