@@ -334,37 +334,6 @@ fn a_full_flp_send_buffer_drops_tfs_and_the_epn_frees_the_rest() {
 }
 
 #[test]
-fn an_flp_whose_send_buffer_is_below_what_an_unthrottled_run_counts_on_refuses_it() {
-    // Unthrottled, the ICN keeps in flight what 256 MiB (flp_buffer) holds at each FLP:
-    // an FLP with 2 MiB would drop most of it, so it says so and leaves.
-    let dir = tempfile::tempdir().unwrap();
-    let icn = start_icn(
-        dir.path(),
-        "flps = 1\nepns = 1\nrate_hz = 0\ntfs = 100\nstf_size = \"512KiB\"\nflp_buffer = \"256MiB\"\n",
-        "127.0.0.1:0",
-    );
-    let _epn = spawn_epn(dir.path(), icn.control, 0, &[]);
-    let log = dir.path().join("flp.log");
-    let mut flp = Proc::spawn(
-        "FLP 0",
-        fanin()
-            .args(["flp", "--icn", &icn.control.to_string(), "--id", "0"])
-            .args(["--send-buffer", "2MiB"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap()),
-    );
-    assert!(!flp.wait(30).success(), "the FLP refuses the run");
-    let err = std::fs::read_to_string(&log).unwrap();
-    let line = err.lines().last().unwrap_or_default();
-    assert!(
-        line.starts_with("error: FLP 0")
-            && line.contains("--send-buffer 2097152 bytes")
-            && line.contains("the run's flp_buffer, 268435456 bytes"),
-        "{err}"
-    );
-}
-
-#[test]
 fn the_simulator_chooses_the_same_epns_as_the_runtime() {
     use fanin_sim::{simulate, SimConfig};
     for policy in ["round-robin", "static-modulo"] {

@@ -560,14 +560,7 @@ pub fn size_from_wire(w: SizeWire) -> anyhow::Result<StfSize> {
 
 /// Checks the run parameters an FLP or EPN received against its own limits.
 /// `buffer` names the node's buffer option, e.g. `--build-buffer`.
-/// Checks a run's parameters against this node: `buffer` is its option and value, and
-/// `counted_on` the run's field and what the ICN counts on that buffer holding
-/// (Prepare's `flp_buffer` or `epn_buffer`; 0: nothing).
-pub fn check_prepare(
-    p: &fanin_proto::Prepare,
-    buffer: (&str, u64),
-    counted_on: (&str, u64),
-) -> anyhow::Result<StfSize> {
+pub fn check_prepare(p: &fanin_proto::Prepare, buffer: (&str, u64)) -> anyhow::Result<StfSize> {
     if p.flps == 0 || p.flps > MAX_NODES {
         anyhow::bail!("prepare.flps: {} is not within 1..={MAX_NODES}", p.flps);
     }
@@ -581,15 +574,6 @@ pub fn check_prepare(
             buffer.0,
             buffer.1,
             size.max()
-        );
-    }
-    if buffer.1 < counted_on.1 {
-        let (field, bytes) = counted_on;
-        anyhow::bail!(
-            "{} {} bytes is below the run's {field}, {bytes} bytes, which an unthrottled run \
-             keeps in flight at each node: raise it, or lower the run's {field}",
-            buffer.0,
-            buffer.1,
         );
     }
     Ok(size)
@@ -767,34 +751,6 @@ mod value_tests {
 #[cfg(test)]
 mod inflight_tests {
     use super::*;
-
-    #[test]
-    fn a_node_refuses_a_run_that_counts_on_more_buffer_than_it_has() {
-        let prep = |counted: u64| fanin_proto::Prepare {
-            run_id: 1,
-            flps: 1,
-            build_timeout_ms: 1000,
-            crc: false,
-            size: size_to_wire(StfSize::Fixed(1 << 20)),
-            seed: 1,
-            retain: true,
-            schedule: fanin_proto::Schedule::Timer,
-            rate_mhz: 0,
-            tfs: 0,
-            pull: false,
-            flp_buffer: counted,
-            epn_buffer: 0,
-        };
-        let mine = ("--send-buffer", 64 << 20);
-        let ok = |counted| check_prepare(&prep(counted), mine, ("flp_buffer", counted));
-        assert!(ok(0).is_ok(), "a paced run counts on nothing");
-        assert!(ok(64 << 20).is_ok());
-        let e = ok((64 << 20) + 1).unwrap_err().to_string();
-        assert!(
-            e.starts_with("--send-buffer 67108864 bytes is below the run's flp_buffer"),
-            "{e}"
-        );
-    }
 
     #[test]
     fn unthrottled_runs_keep_in_flight_what_the_buffers_hold() {

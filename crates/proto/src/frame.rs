@@ -6,7 +6,7 @@ use crate::error::DecodeError;
 /// "FNIN" read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"FNIN");
 /// The protocol version this build speaks. A peer with another version is refused.
-pub const VERSION: u8 = 8;
+pub const VERSION: u8 = 7;
 /// Size of the encoded header in bytes.
 pub const HEADER_LEN: usize = 12;
 
@@ -93,10 +93,10 @@ mod tests {
             Err(DecodeError::BadMagic(_))
         ));
         let mut b = good;
-        b[4] = 7; // the version before counted-on buffers in Prepare
+        b[4] = 6; // the version before pull mode
         assert_eq!(
             FrameHeader::decode(&b, 100),
-            Err(DecodeError::Version { got: 7, want: 8 })
+            Err(DecodeError::Version { got: 6, want: 7 })
         );
         let mut b = good;
         b[6] = 1;

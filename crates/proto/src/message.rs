@@ -250,10 +250,6 @@ pub struct Prepare {
     /// Pull mode: the ICN tells each FLP when to send each STF (transfer tokens), and
     /// FLPs say when each send ended (`StfSent`).
     pub pull: bool,
-    /// The send buffer (bytes) the ICN counts on at each FLP, and the build buffer at
-    /// each EPN: an unthrottled run keeps in flight what they hold. 0: it counts on none.
-    pub flp_buffer: u64,
-    pub epn_buffer: u64,
 }
 
 /// Who decides when a TF exists: the ICN's clock, or the data (FLPs' announcements).
@@ -622,8 +618,6 @@ impl Message {
                 w.u64(p.rate_mhz);
                 w.u64(p.tfs);
                 w.u8(u8::from(p.pull));
-                w.u64(p.flp_buffer);
-                w.u64(p.epn_buffer);
             }
             Message::EpnList(list) => {
                 w.u32(list.len() as u32);
@@ -817,8 +811,6 @@ impl Message {
                     rate_mhz: r.u64("prepare.rate_mhz")?,
                     tfs: r.u64("prepare.tfs")?,
                     pull: r.flag("prepare.pull")?,
-                    flp_buffer: r.u64("prepare.flp_buffer")?,
-                    epn_buffer: r.u64("prepare.epn_buffer")?,
                 })
             }
             5 => Message::EpnList(r.list("epn_list.count", 6, |r| {

@@ -53,8 +53,6 @@ fn samples() -> Vec<Message> {
             rate_mhz: 1_000_000,
             tfs: 5000,
             pull: true,
-            flp_buffer: 256 << 20,
-            epn_buffer: 1 << 30,
         }),
         Message::EpnList(vec![
             EpnEntry {

@@ -194,12 +194,8 @@ async fn start(
     let Some(prep) = prerun(&mut joined.rd, me, icn, metrics).await? else {
         return Ok(None);
     };
-    let size = check_prepare(
-        &prep,
-        ("--build-buffer", opts.build_buffer),
-        ("epn_buffer", prep.epn_buffer),
-    )
-    .with_context(|| format!("EPN {me}: run parameters from ICN {icn}"))?;
+    let size = check_prepare(&prep, ("--build-buffer", opts.build_buffer))
+        .with_context(|| format!("EPN {me}: run parameters from ICN {icn}"))?;
     let budget = Arc::new(ByteBudget::new(opts.build_buffer));
     metrics.set_buffer("epn_build", 0, opts.build_buffer);
     let pool = Arc::new(BufPool::new(budget.clone()));

@@ -243,12 +243,8 @@ async fn start(
         // Run control ended this run before it started: the next one, or exit.
         return Ok(None);
     };
-    let size = check_prepare(
-        &prep,
-        ("--send-buffer", opts.send_buffer),
-        ("flp_buffer", prep.flp_buffer),
-    )
-    .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;
+    let size = check_prepare(&prep, ("--send-buffer", opts.send_buffer))
+        .with_context(|| format!("FLP {me}: run parameters from ICN {icn}"))?;
     let ctx = Arc::new(SendCtx {
         me,
         run_id: prep.run_id,

@@ -72,7 +72,7 @@ impl World {
 
     fn epn_prepare(&mut self, i: u32, conn: ConnId, p: fanin_proto::Prepare) {
         let limit = self.run.epn_buffer;
-        if let Err(e) = check_prepare(&p, ("--build-buffer", limit), ("epn_buffer", p.epn_buffer)) {
+        if let Err(e) = check_prepare(&p, ("--build-buffer", limit)) {
             self.seen.log.push(format!("EPN {i}: {e:#}"));
             return self.leave(End::Epn(i), conn);
         }

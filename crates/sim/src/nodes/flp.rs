@@ -103,11 +103,7 @@ impl World {
     /// The run's parameters are known: the core, and a data connection to every EPN.
     fn flp_prepare(&mut self, i: u32, conn: ConnId, prep: Prepare, list: Vec<EpnEntry>) {
         let limit = self.run.flp_buffer;
-        let size = match check_prepare(
-            &prep,
-            ("--send-buffer", limit),
-            ("flp_buffer", prep.flp_buffer),
-        ) {
+        let size = match check_prepare(&prep, ("--send-buffer", limit)) {
             Ok(s) => s,
             Err(e) => {
                 self.seen.log.push(format!("FLP {i}: {e:#}"));

@@ -88,8 +88,6 @@ mod tests {
             rate_mhz: 1_000_000,
             tfs: 100,
             pull: false,
-            flp_buffer: 0,
-            epn_buffer: 0,
         }
     }
 

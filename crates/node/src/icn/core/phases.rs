@@ -12,9 +12,6 @@ use crate::icn::summary::Summary;
 impl IcnCore {
     pub(super) fn prepare_msg(&self) -> Prepare {
         let run = &self.cfg.run;
-        // Only an unthrottled run's window counts on the nodes' buffers.
-        let unthrottled = !run.paced() && !run.on_data();
-        let counted_on = |bytes: u64| if unthrottled { bytes } else { 0 };
         Prepare {
             run_id: self.cfg.run_id,
             flps: run.cfg.flps,
@@ -29,8 +26,6 @@ impl IcnCore {
                 .max(u64::from(run.cfg.rate_hz > 0.0)),
             tfs: run.total_tfs.filter(|_| run.on_data()).unwrap_or(0),
             pull: run.cfg.transfer == crate::config::Transfer::Pull,
-            flp_buffer: counted_on(run.flp_buffer),
-            epn_buffer: counted_on(run.epn_buffer),
         }
     }
 

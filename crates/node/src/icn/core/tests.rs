@@ -373,23 +373,6 @@ fn all_registered_sends_prepare_and_the_epn_list() {
 }
 
 #[test]
-fn only_an_unthrottled_run_counts_on_the_nodes_buffers() {
-    for (rate_hz, counted) in [(0.0, true), (100.0, false)] {
-        let mut h = H::new(config(1, 1, |c| c.rate_hz = rate_hz));
-        h.register(epn_conn(0), Role::Epn, Some(0));
-        let out = h.register(flp_conn(0), Role::Flp, Some(0));
-        let Message::Prepare(p) = &to(&out, flp_conn(0))[1] else {
-            panic!("FLP got {:?}", to(&out, flp_conn(0)));
-        };
-        let (flp, epn) = (p.flp_buffer, p.epn_buffer);
-        match counted {
-            true => assert_eq!((flp, epn), (256 << 20, 1 << 30), "the run's defaults"),
-            false => assert_eq!((flp, epn), (0, 0), "paced at {rate_hz} Hz"),
-        }
-    }
-}
-
-#[test]
 fn flp_not_connected_to_every_epn_is_fatal() {
     let mut h = H::new(config(1, 2, |_| {}));
     h.register(epn_conn(0), Role::Epn, Some(0));
