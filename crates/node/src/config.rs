@@ -474,7 +474,7 @@ impl Checked {
                 (share / stf).min(QUEUE_PER_EPN as u64)
             }
         };
-        let by_epns = (self.cfg.epns as u64).saturating_mul(self.epn_buffer) / (stf * flps);
+        let by_epns = (epns as u64).saturating_mul(self.epn_buffer) / (stf * flps);
         let bound = by_flp.min(by_share).min(by_epns) * 9 / 10;
         self.cfg.max_inflight.min(bound.max(1))
     }
