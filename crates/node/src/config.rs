@@ -759,7 +759,9 @@ mod inflight_tests {
             tweak(&mut c);
             c.check().unwrap().unthrottled_inflight()
         };
-        let cases: [(fn(&mut RunConfig), u64, &str); 6] = [
+        // A change to the defaults, the bound it gives, and why.
+        type Case = (fn(&mut RunConfig), u64, &'static str);
+        let cases: [Case; 6] = [
             (
                 |_| {},
                 115,
