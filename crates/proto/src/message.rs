@@ -582,14 +582,22 @@ impl Message {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::new();
         w.buf.resize(HEADER_LEN, 0);
+        let written = self.write_run_body(&mut w) || self.write_extension_body(&mut w);
+        debug_assert!(written, "a body writer for {:?}", self.msg_type());
+        let body_len = (w.buf.len() - HEADER_LEN) as u32;
+        let header = FrameHeader {
+            msg_type: self.msg_type() as u8,
+            length: body_len,
+        };
+        w.buf[..HEADER_LEN].copy_from_slice(&header.encode());
+        w.buf
+    }
+
+    /// The body of a message of types 1-13 (joining, preparing, running, the TFs); false
+    /// for any other.
+    fn write_run_body(&self, w: &mut Writer) -> bool {
         match self {
-            Message::Register(r) => {
-                w.u8(r.role as u8);
-                w.u8(u8::from(r.node_id.is_some()));
-                w.u32(r.node_id.unwrap_or(0));
-                w.string(&r.data_addr);
-                w.bytes(&r.proof);
-            }
+            Message::Register(r) => r.write(w),
             Message::RegisterAck {
                 node_id,
                 run_id,
@@ -603,22 +611,7 @@ impl Message {
                 w.u8(*code as u8);
                 w.string(reason);
             }
-            Message::Prepare(p) => {
-                w.u64(p.run_id);
-                w.u32(p.flps);
-                w.u32(p.build_timeout_ms);
-                w.u8(u8::from(p.crc));
-                w.u8(p.size.kind);
-                w.u64(p.size.a);
-                w.u64(p.size.b);
-                w.u64(p.size.c);
-                w.u64(p.seed);
-                w.u8(u8::from(p.retain));
-                w.u8(p.schedule as u8);
-                w.u64(p.rate_mhz);
-                w.u64(p.tfs);
-                w.u8(u8::from(p.pull));
-            }
+            Message::Prepare(p) => p.write(w),
             Message::EpnList(list) => {
                 w.u32(list.len() as u32);
                 for e in list {
@@ -660,15 +653,16 @@ impl Message {
                 w.u32(*flp_id);
                 w.u8(*reason as u8);
             }
-            Message::NodeStats(s) => {
-                w.u8(s.role as u8);
-                w.u32(s.node_id);
-                w.u32(s.counters.len() as u32);
-                for (k, v) in &s.counters {
-                    w.string(k);
-                    w.u64(*v);
-                }
-            }
+            Message::NodeStats(s) => s.write(w),
+            _ => return false,
+        }
+        true
+    }
+
+    /// The body of a message of types 14-27 (data admission, loads, run state, on-data,
+    /// take-over, pull); false for any other.
+    fn write_extension_body(&self, w: &mut Writer) -> bool {
+        match self {
             Message::DataHello {
                 run_id,
                 flp_id,
@@ -713,12 +707,7 @@ impl Message {
             }
             Message::StfsHeld(list) => {
                 w.u32(list.len() as u32);
-                for h in list {
-                    w.u64(h.tf_id);
-                    w.u64(h.size);
-                    w.u8(u8::from(h.epn.is_some()));
-                    w.u32(h.epn.unwrap_or(0));
-                }
+                list.iter().for_each(|h| h.write(w));
             }
             Message::TfsHeld { building, reports } => {
                 w.u32(building.len() as u32);
@@ -734,14 +723,9 @@ impl Message {
                 w.u64(*tf_id);
                 w.u32(*flp_id);
             }
+            _ => return false,
         }
-        let body_len = (w.buf.len() - HEADER_LEN) as u32;
-        let header = FrameHeader {
-            msg_type: self.msg_type() as u8,
-            length: body_len,
-        };
-        w.buf[..HEADER_LEN].copy_from_slice(&header.encode());
-        w.buf
+        true
     }
 
     /// Decodes one body whose header has already been validated.
@@ -755,190 +739,8 @@ impl Message {
         }
         let mut r = Reader::new(body);
         let msg = match header.msg_type {
-            1 => {
-                let role = Role::from_u8(r.u8("register.role")?)?;
-                let has_id = r.u8("register.has_id")?;
-                let id = r.u32("register.node_id")?;
-                let data_addr = r.string("register.data_addr")?;
-                let proof = r.array("register.proof")?;
-                Message::Register(Register {
-                    role,
-                    node_id: match has_id {
-                        0 => None,
-                        1 => Some(id),
-                        v => {
-                            return Err(DecodeError::InvalidValue {
-                                field: "register.has_id",
-                                value: v as u64,
-                            })
-                        }
-                    },
-                    data_addr,
-                    proof,
-                })
-            }
-            2 => Message::RegisterAck {
-                node_id: r.u32("register_ack.node_id")?,
-                run_id: r.u64("register_ack.run_id")?,
-                resume: r.flag("register_ack.resume")?,
-            },
-            3 => Message::Reject {
-                code: RejectCode::from_u8(r.u8("reject.code")?),
-                reason: r.string("reject.reason")?,
-            },
-            4 => {
-                let run_id = r.u64("prepare.run_id")?;
-                let flps = r.u32("prepare.flps")?;
-                let build_timeout_ms = r.u32("prepare.build_timeout_ms")?;
-                let crc = r.flag("prepare.crc")?;
-                let size = SizeWire {
-                    kind: r.u8("prepare.size.kind")?,
-                    a: r.u64("prepare.size.a")?,
-                    b: r.u64("prepare.size.b")?,
-                    c: r.u64("prepare.size.c")?,
-                };
-                let seed = r.u64("prepare.seed")?;
-                let retain = r.flag("prepare.retain")?;
-                Message::Prepare(Prepare {
-                    run_id,
-                    flps,
-                    build_timeout_ms,
-                    crc,
-                    size,
-                    seed,
-                    retain,
-                    schedule: Schedule::from_u8(r.u8("prepare.schedule")?)?,
-                    rate_mhz: r.u64("prepare.rate_mhz")?,
-                    tfs: r.u64("prepare.tfs")?,
-                    pull: r.flag("prepare.pull")?,
-                })
-            }
-            5 => Message::EpnList(r.list("epn_list.count", 6, |r| {
-                Ok(EpnEntry {
-                    epn_id: r.u32("epn_list.epn_id")?,
-                    addr: r.string("epn_list.addr")?,
-                })
-            })?),
-            6 => Message::Ready {
-                role: Role::from_u8(r.u8("ready.role")?)?,
-                node_id: r.u32("ready.node_id")?,
-                connected: r.u32("ready.connected")?,
-            },
-            7 => Message::RunStart {
-                run_id: r.u64("run_start.run_id")?,
-                elapsed_us: r.u64("run_start.elapsed_us")?,
-            },
-            8 => Message::Assign {
-                tf_id: r.u64("assign.tf_id")?,
-                epn_id: r.u32("assign.epn_id")?,
-            },
-            9 => {
-                let h = r.rest();
-                if h.len() < STF_HEADER_LEN {
-                    return Err(DecodeError::Truncated {
-                        what: "STF header",
-                        need: STF_HEADER_LEN,
-                        have: h.len(),
-                    });
-                }
-                let header = StfHeader::decode(&h[..STF_HEADER_LEN])?;
-                let payload = &h[STF_HEADER_LEN..];
-                if payload.len() != header.payload_len as usize {
-                    return Err(DecodeError::PayloadLength {
-                        declared: header.payload_len,
-                        actual: payload.len(),
-                    });
-                }
-                Message::Stf {
-                    header,
-                    payload: Bytes::copy_from_slice(payload),
-                }
-            }
-            10 => Message::TfReport(read_report(&mut r)?),
-            11 => Message::StfDropped {
-                tf_id: r.u64("stf_dropped.tf_id")?,
-                flp_id: r.u32("stf_dropped.flp_id")?,
-                reason: Reason::from_u8(r.u8("stf_dropped.reason")?)?,
-            },
-            12 => Message::RunStop {
-                run_id: r.u64("run_stop.run_id")?,
-            },
-            13 => {
-                let role = Role::from_u8(r.u8("node_stats.role")?)?;
-                let node_id = r.u32("node_stats.node_id")?;
-                let counters = r.list("node_stats.count", 10, |r| {
-                    Ok((r.string("node_stats.name")?, r.u64("node_stats.value")?))
-                })?;
-                Message::NodeStats(NodeStats {
-                    role,
-                    node_id,
-                    counters,
-                })
-            }
-            14 => Message::DataHello {
-                run_id: r.u64("data_hello.run_id")?,
-                flp_id: r.u32("data_hello.flp_id")?,
-                proof: r.array("data_hello.proof")?,
-            },
-            15 => Message::DataHelloAck {
-                epn_id: r.u32("data_hello_ack.epn_id")?,
-            },
-            16 => Message::Abandon {
-                tf_id: r.u64("abandon.tf_id")?,
-                reason: Reason::from_u8(r.u8("abandon.reason")?)?,
-            },
-            17 => Message::Release {
-                tf_id: r.u64("release.tf_id")?,
-            },
-            18 => Message::LoadReport {
-                free_bytes: r.u64("load_report.free_bytes")?,
-                building: r.u32("load_report.building")?,
-            },
-            19 => Message::EpnReachable {
-                epn_id: r.u32("epn_reachable.epn_id")?,
-                ok: r.flag("epn_reachable.ok")?,
-            },
-            20 => Message::Challenge {
-                nonce: r.array("challenge.nonce")?,
-            },
-            21 => Message::RunState {
-                state: RunState::from_u8(r.u8("run_state.state")?)?,
-                run_number: r.u64("run_state.run_number")?,
-            },
-            22 => Message::StfAnnounce(r.list("stf_announce.count", 16, |r| {
-                Ok(StfInfo {
-                    tf_id: r.u64("stf_announce.tf_id")?,
-                    size: r.u64("stf_announce.size")?,
-                })
-            })?),
-            23 => Message::SourceEnded {
-                ok: r.flag("source_ended.ok")?,
-                detail: r.string("source_ended.detail")?,
-            },
-            24 => Message::StfsHeld(r.list("stfs_held.count", 21, |r| {
-                let tf_id = r.u64("stfs_held.tf_id")?;
-                let size = r.u64("stfs_held.size")?;
-                let queued = r.flag("stfs_held.queued")?;
-                let epn = r.u32("stfs_held.epn")?;
-                Ok(HeldStf {
-                    tf_id,
-                    size,
-                    epn: queued.then_some(epn),
-                })
-            })?),
-            25 => Message::TfsHeld {
-                building: r.list("tfs_held.building", 8, |r| r.u64("tfs_held.tf_id"))?,
-                reports: r.list("tfs_held.reports", 22, read_report)?,
-            },
-            26 => Message::StfSent {
-                tf_id: r.u64("stf_sent.tf_id")?,
-                epn_id: r.u32("stf_sent.epn_id")?,
-            },
-            27 => Message::StfReceived {
-                tf_id: r.u64("stf_received.tf_id")?,
-                flp_id: r.u32("stf_received.flp_id")?,
-            },
-            t => return Err(DecodeError::UnknownType(t)),
+            t @ 1..=13 => read_run_body(t, &mut r)?,
+            t => read_extension_body(t, &mut r)?,
         };
         r.finish("message body")?;
         Ok(msg)
@@ -962,6 +764,265 @@ impl Message {
 }
 
 /// A `TfReport` body (also inside `TfsHeld`).
+impl Register {
+    fn write(&self, w: &mut Writer) {
+        w.u8(self.role as u8);
+        w.u8(u8::from(self.node_id.is_some()));
+        w.u32(self.node_id.unwrap_or(0));
+        w.string(&self.data_addr);
+        w.bytes(&self.proof);
+    }
+
+    fn read(r: &mut Reader) -> Result<Register, DecodeError> {
+        let role = Role::from_u8(r.u8("register.role")?)?;
+        let has_id = r.u8("register.has_id")?;
+        let id = r.u32("register.node_id")?;
+        let data_addr = r.string("register.data_addr")?;
+        let proof = r.array("register.proof")?;
+        Ok(Register {
+            role,
+            node_id: match has_id {
+                0 => None,
+                1 => Some(id),
+                v => {
+                    return Err(DecodeError::InvalidValue {
+                        field: "register.has_id",
+                        value: v as u64,
+                    })
+                }
+            },
+            data_addr,
+            proof,
+        })
+    }
+}
+
+impl Prepare {
+    fn write(&self, w: &mut Writer) {
+        w.u64(self.run_id);
+        w.u32(self.flps);
+        w.u32(self.build_timeout_ms);
+        w.u8(u8::from(self.crc));
+        w.u8(self.size.kind);
+        w.u64(self.size.a);
+        w.u64(self.size.b);
+        w.u64(self.size.c);
+        w.u64(self.seed);
+        w.u8(u8::from(self.retain));
+        w.u8(self.schedule as u8);
+        w.u64(self.rate_mhz);
+        w.u64(self.tfs);
+        w.u8(u8::from(self.pull));
+    }
+
+    fn read(r: &mut Reader) -> Result<Prepare, DecodeError> {
+        let run_id = r.u64("prepare.run_id")?;
+        let flps = r.u32("prepare.flps")?;
+        let build_timeout_ms = r.u32("prepare.build_timeout_ms")?;
+        let crc = r.flag("prepare.crc")?;
+        let size = SizeWire {
+            kind: r.u8("prepare.size.kind")?,
+            a: r.u64("prepare.size.a")?,
+            b: r.u64("prepare.size.b")?,
+            c: r.u64("prepare.size.c")?,
+        };
+        let seed = r.u64("prepare.seed")?;
+        let retain = r.flag("prepare.retain")?;
+        Ok(Prepare {
+            run_id,
+            flps,
+            build_timeout_ms,
+            crc,
+            size,
+            seed,
+            retain,
+            schedule: Schedule::from_u8(r.u8("prepare.schedule")?)?,
+            rate_mhz: r.u64("prepare.rate_mhz")?,
+            tfs: r.u64("prepare.tfs")?,
+            pull: r.flag("prepare.pull")?,
+        })
+    }
+}
+
+impl HeldStf {
+    fn write(&self, w: &mut Writer) {
+        w.u64(self.tf_id);
+        w.u64(self.size);
+        w.u8(u8::from(self.epn.is_some()));
+        w.u32(self.epn.unwrap_or(0));
+    }
+
+    fn read(r: &mut Reader) -> Result<HeldStf, DecodeError> {
+        let tf_id = r.u64("stfs_held.tf_id")?;
+        let size = r.u64("stfs_held.size")?;
+        let queued = r.flag("stfs_held.queued")?;
+        let epn = r.u32("stfs_held.epn")?;
+        Ok(HeldStf {
+            tf_id,
+            size,
+            epn: queued.then_some(epn),
+        })
+    }
+}
+
+impl NodeStats {
+    fn write(&self, w: &mut Writer) {
+        w.u8(self.role as u8);
+        w.u32(self.node_id);
+        w.u32(self.counters.len() as u32);
+        for (k, v) in &self.counters {
+            w.string(k);
+            w.u64(*v);
+        }
+    }
+
+    fn read(r: &mut Reader) -> Result<NodeStats, DecodeError> {
+        let role = Role::from_u8(r.u8("node_stats.role")?)?;
+        let node_id = r.u32("node_stats.node_id")?;
+        let counters = r.list("node_stats.count", 10, |r| {
+            Ok((r.string("node_stats.name")?, r.u64("node_stats.value")?))
+        })?;
+        Ok(NodeStats {
+            role,
+            node_id,
+            counters,
+        })
+    }
+}
+
+/// The body of a message of types 1-13 (joining, preparing, running, the TFs).
+fn read_run_body(t: u8, r: &mut Reader) -> Result<Message, DecodeError> {
+    Ok(match t {
+        1 => Message::Register(Register::read(r)?),
+        2 => Message::RegisterAck {
+            node_id: r.u32("register_ack.node_id")?,
+            run_id: r.u64("register_ack.run_id")?,
+            resume: r.flag("register_ack.resume")?,
+        },
+        3 => Message::Reject {
+            code: RejectCode::from_u8(r.u8("reject.code")?),
+            reason: r.string("reject.reason")?,
+        },
+        4 => Message::Prepare(Prepare::read(r)?),
+        5 => Message::EpnList(r.list("epn_list.count", 6, |r| {
+            Ok(EpnEntry {
+                epn_id: r.u32("epn_list.epn_id")?,
+                addr: r.string("epn_list.addr")?,
+            })
+        })?),
+        6 => Message::Ready {
+            role: Role::from_u8(r.u8("ready.role")?)?,
+            node_id: r.u32("ready.node_id")?,
+            connected: r.u32("ready.connected")?,
+        },
+        7 => Message::RunStart {
+            run_id: r.u64("run_start.run_id")?,
+            elapsed_us: r.u64("run_start.elapsed_us")?,
+        },
+        8 => Message::Assign {
+            tf_id: r.u64("assign.tf_id")?,
+            epn_id: r.u32("assign.epn_id")?,
+        },
+        9 => read_stf(r)?,
+        10 => Message::TfReport(read_report(r)?),
+        11 => Message::StfDropped {
+            tf_id: r.u64("stf_dropped.tf_id")?,
+            flp_id: r.u32("stf_dropped.flp_id")?,
+            reason: Reason::from_u8(r.u8("stf_dropped.reason")?)?,
+        },
+        12 => Message::RunStop {
+            run_id: r.u64("run_stop.run_id")?,
+        },
+        13 => Message::NodeStats(NodeStats::read(r)?),
+        t => return Err(DecodeError::UnknownType(t)),
+    })
+}
+
+/// The body of a message of types 14-27 (data admission, loads, run state, on-data,
+/// take-over, pull).
+fn read_extension_body(t: u8, r: &mut Reader) -> Result<Message, DecodeError> {
+    Ok(match t {
+        14 => Message::DataHello {
+            run_id: r.u64("data_hello.run_id")?,
+            flp_id: r.u32("data_hello.flp_id")?,
+            proof: r.array("data_hello.proof")?,
+        },
+        15 => Message::DataHelloAck {
+            epn_id: r.u32("data_hello_ack.epn_id")?,
+        },
+        16 => Message::Abandon {
+            tf_id: r.u64("abandon.tf_id")?,
+            reason: Reason::from_u8(r.u8("abandon.reason")?)?,
+        },
+        17 => Message::Release {
+            tf_id: r.u64("release.tf_id")?,
+        },
+        18 => Message::LoadReport {
+            free_bytes: r.u64("load_report.free_bytes")?,
+            building: r.u32("load_report.building")?,
+        },
+        19 => Message::EpnReachable {
+            epn_id: r.u32("epn_reachable.epn_id")?,
+            ok: r.flag("epn_reachable.ok")?,
+        },
+        20 => Message::Challenge {
+            nonce: r.array("challenge.nonce")?,
+        },
+        21 => Message::RunState {
+            state: RunState::from_u8(r.u8("run_state.state")?)?,
+            run_number: r.u64("run_state.run_number")?,
+        },
+        22 => Message::StfAnnounce(r.list("stf_announce.count", 16, |r| {
+            Ok(StfInfo {
+                tf_id: r.u64("stf_announce.tf_id")?,
+                size: r.u64("stf_announce.size")?,
+            })
+        })?),
+        23 => Message::SourceEnded {
+            ok: r.flag("source_ended.ok")?,
+            detail: r.string("source_ended.detail")?,
+        },
+        24 => Message::StfsHeld(r.list("stfs_held.count", 21, HeldStf::read)?),
+        25 => Message::TfsHeld {
+            building: r.list("tfs_held.building", 8, |r| r.u64("tfs_held.tf_id"))?,
+            reports: r.list("tfs_held.reports", 22, read_report)?,
+        },
+        26 => Message::StfSent {
+            tf_id: r.u64("stf_sent.tf_id")?,
+            epn_id: r.u32("stf_sent.epn_id")?,
+        },
+        27 => Message::StfReceived {
+            tf_id: r.u64("stf_received.tf_id")?,
+            flp_id: r.u32("stf_received.flp_id")?,
+        },
+        t => return Err(DecodeError::UnknownType(t)),
+    })
+}
+
+/// An STF frame's body: its header, then exactly the payload it declares.
+fn read_stf(r: &mut Reader) -> Result<Message, DecodeError> {
+    let h = r.rest();
+    if h.len() < STF_HEADER_LEN {
+        return Err(DecodeError::Truncated {
+            what: "STF header",
+            need: STF_HEADER_LEN,
+            have: h.len(),
+        });
+    }
+    let header = StfHeader::decode(&h[..STF_HEADER_LEN])?;
+    let payload = &h[STF_HEADER_LEN..];
+    if payload.len() != header.payload_len as usize {
+        return Err(DecodeError::PayloadLength {
+            declared: header.payload_len,
+            actual: payload.len(),
+        });
+    }
+    Ok(Message::Stf {
+        header,
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
+
 fn read_report(r: &mut Reader) -> Result<TfReport, DecodeError> {
     Ok(TfReport {
         tf_id: r.u64("tf_report.tf_id")?,
