@@ -56,6 +56,12 @@ impl ByteBudget {
     pub fn limit(&self) -> u64 {
         self.limit
     }
+
+    /// A new limit for a budget this owner alone holds. What is reserved stays reserved:
+    /// above the new limit, nothing more fits until enough is released.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
 }
 
 #[cfg(test)]

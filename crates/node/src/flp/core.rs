@@ -300,6 +300,15 @@ impl FlpCore {
     }
 
     fn open_queue(&mut self, epn: EpnId) {
+        // An FLP that started with one EPN shares its buffer once a second one joins.
+        let epns = self.queues.len() + usize::from(!self.queues.contains_key(&epn));
+        let share = epn_share(self.budget.limit(), self.size.max(), epns, self.on_data);
+        if share != self.share {
+            self.share = share;
+            for q in self.queues.values_mut() {
+                q.bytes.set_limit(share);
+            }
+        }
         self.next_queue += 1;
         let q = Queue {
             id: self.next_queue,
@@ -673,6 +682,24 @@ mod tests {
             dropped(&a),
             Some(Reason::FlpQueueFull),
             "half the buffer each"
+        );
+        job(&assign(&mut c, 3, 1));
+    }
+
+    #[test]
+    fn an_flp_that_started_with_one_epn_shares_its_buffer_once_another_joins() {
+        let m = Metrics::new("flp", Some(0));
+        let size = StfSize::Fixed(KIB);
+        let mut c = FlpCore::new(0, (size, 1, false, false), 4 * KIB, &[0], m.clone());
+        job(&assign(&mut c, 0, 0));
+        c.handle(Input::Connected { epn: 1, ok: true });
+        drain(&mut c);
+        job(&assign(&mut c, 1, 0));
+        let a = assign(&mut c, 2, 0);
+        assert_eq!(
+            dropped(&a),
+            Some(Reason::FlpQueueFull),
+            "half the buffer each, as if both had been there from the start"
         );
         job(&assign(&mut c, 3, 1));
     }
