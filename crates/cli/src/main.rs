@@ -157,6 +157,10 @@ struct NodeCommon {
     /// on EXIT (`fanin icn --session`, `fanin ctl`).
     #[arg(long)]
     session: bool,
+    /// This node is started again into a run that is going (a launcher restarting a node
+    /// it killed): if the registry says no run is going, it ends at once (status 0).
+    #[arg(long, requires = "registry", conflicts_with = "session")]
+    rejoin: bool,
 }
 
 #[derive(Args)]
@@ -441,6 +445,7 @@ fn flp_options(a: &FlpArgs) -> anyhow::Result<flp::FlpOptions> {
         metrics_bind: a.common.metrics,
         connect_timeout: connect_timeout(a.common.connect_timeout)?,
         session: a.common.session,
+        rejoin: a.common.rejoin,
         source: a.source.clone(),
     })
 }
@@ -475,6 +480,7 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
         on_sink_failure: a.on_sink_failure,
         exec_zero_copy: a.exec_zero_copy,
         session: a.common.session,
+        rejoin: a.common.rejoin,
     })
 }
 

@@ -326,34 +326,14 @@ fn a_node_that_never_got_into_its_run_ends_with_the_run() {
 /// or so: it watches the registry's run state while it joins.
 #[test]
 fn a_node_waiting_inside_its_join_stops_when_the_registry_says_its_run_ended() {
-    use fanin_node::icn::run_state::RunState;
-    use fanin_node::registry::{runtime::RUN, zk::ZkRegistry, RegistryUrl};
     let server = zk(100);
     let url = server.url("/fanin-stuck");
     let dir = tempfile::tempdir().unwrap();
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap().to_string();
-    // A worker of its own keeps the registry session alive while the test waits.
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let reg_url = RegistryUrl::parse(&url).unwrap();
-    let reg = rt
-        .block_on(ZkRegistry::connect(&reg_url, Duration::from_secs(10)))
-        .unwrap();
-    let lead = rt.block_on(reg.elect(RUN, &addr)).unwrap();
-    let state = |ended| RunState {
-        run_id: 7,
-        id_base: 0,
-        epoch: 0,
-        results: dir.path().display().to_string(),
-        rows: "tfs.csv".into(),
-        ended,
-    };
+    let (rt, lead) = leader_at(&url, &addr);
     let v = rt
-        .block_on(lead.set_run_state(&state(false).encode(), None))
+        .block_on(lead.set_run_state(&run_7(dir.path(), false).encode(), None))
         .unwrap();
     let log = dir.path().join("epn.log");
     let mut epn = patient_epn0(&url, &log);
@@ -371,7 +351,7 @@ fn a_node_waiting_inside_its_join_stops_when_the_registry_says_its_run_ended() {
             Err(e) => panic!("accept: {e}"),
         }
     };
-    rt.block_on(lead.set_run_state(&state(true).encode(), Some(v)))
+    rt.block_on(lead.set_run_state(&run_7(dir.path(), true).encode(), Some(v)))
         .unwrap();
     ends_cleanly(
         &mut epn,
@@ -381,14 +361,80 @@ fn a_node_waiting_inside_its_join_stops_when_the_registry_says_its_run_ended() {
     );
 }
 
+/// A node the launcher starts again into its run (`--rejoin`) after that run ended ends
+/// at once: the registry says no run is going, so it has nothing to join. The same
+/// node without `--rejoin` (one started for the next run) waits to join.
+#[test]
+fn a_node_started_again_after_its_run_ended_has_nothing_to_rejoin() {
+    let server = zk(100);
+    let url = server.url("/fanin-again");
+    let dir = tempfile::tempdir().unwrap();
+    // The run's ICN has gone; its leadership and the run's state "ended" remain.
+    let (rt, lead) = leader_at(&url, "127.0.0.1:9");
+    rt.block_on(lead.set_run_state(&run_7(dir.path(), true).encode(), None))
+        .unwrap();
+    let log = dir.path().join("again.log");
+    let mut again = patient_epn0_with(&url, &log, &["--rejoin"]);
+    ends_cleanly(&mut again, &log, 10, &["nothing to rejoin"]);
+    let log = dir.path().join("next.log");
+    let mut next = patient_epn0(&url, &log);
+    std::thread::sleep(Duration::from_secs(3));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        next.is_running(),
+        "a node for the next run must wait: {text}"
+    );
+    next.kill9();
+}
+
+/// A registry session of the test's own (a worker thread keeps it alive while the test
+/// waits), elected leader of the run at `addr`.
+fn leader_at(
+    url: &str,
+    addr: &str,
+) -> (
+    tokio::runtime::Runtime,
+    fanin_node::registry::zk::Leadership,
+) {
+    use fanin_node::registry::{runtime::RUN, zk::ZkRegistry, RegistryUrl};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let reg_url = RegistryUrl::parse(url).unwrap();
+    let reg = rt
+        .block_on(ZkRegistry::connect(&reg_url, Duration::from_secs(10)))
+        .unwrap();
+    let lead = rt.block_on(reg.elect(RUN, addr)).unwrap();
+    (rt, lead)
+}
+
+/// Run 7's state in the registry, going or ended.
+fn run_7(dir: &std::path::Path, ended: bool) -> fanin_node::icn::run_state::RunState {
+    fanin_node::icn::run_state::RunState {
+        run_id: 7,
+        id_base: 0,
+        epoch: 0,
+        results: dir.display().to_string(),
+        rows: "tfs.csv".into(),
+        ended,
+    }
+}
+
 /// An EPN 0 with the registry that would try to join for two minutes; its log in `log`.
 fn patient_epn0(url: &str, log: &std::path::Path) -> Proc {
+    patient_epn0_with(url, log, &[])
+}
+
+fn patient_epn0_with(url: &str, log: &std::path::Path, extra: &[&str]) -> Proc {
     Proc::spawn(
         "EPN 0",
         fanin()
             .args(["epn", "--registry", url, "--session-timeout-ms", "1000"])
             .args(["--id", "0", "--data-bind", "127.0.0.1:0"])
             .args(["--connect-timeout", "120"])
+            .args(extra)
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(log).unwrap()),
     )

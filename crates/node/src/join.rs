@@ -282,6 +282,20 @@ impl OwnRun {
         self.run.get()
     }
 
+    /// A node started again into its run (`--rejoin`, as a launcher restarts a node it
+    /// killed) while the registry says no run is going: its run is over, so it has
+    /// nothing to join (said once; a node started for the next run has no `--rejoin`).
+    pub fn over_before_start(&self, role: Role, rejoin: bool, registry: bool) -> bool {
+        let over = rejoin && registry && self.get().is_none();
+        if over {
+            tracing::info!(
+                "{}: started again into its run (--rejoin), but the registry says no run is going: nothing to rejoin",
+                role.name()
+            );
+        }
+        over
+    }
+
     pub fn joined(&self, run_id: u64) {
         if !self.session {
             self.run.set(Some(run_id));

@@ -69,6 +69,11 @@ impl Proc {
     pub fn kill9(&mut self) {
         self.signal(libc::SIGKILL);
     }
+
+    /// It has not exited yet.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
 }
 
 /// A port no one listens on, below the kernel's ephemeral range (32768 and up), so that

@@ -327,10 +327,16 @@ impl<'a> Launcher<'a> {
             self.secret.clone(),
         );
         let child = spawn(first).with_context(|| format!("starting {name}"))?;
+        // Started again, it belongs to the run going then: with a registry, a run that
+        // ended in the meantime leaves it nothing to join, and it ends at once.
+        let again: Vec<String> = match self.registry_args.is_empty() {
+            true => Vec::new(),
+            false => vec!["--rejoin".into()],
+        };
         Ok(NodeProc {
             name,
             child,
-            respawn: Box::new(move || spawn(&[])),
+            respawn: Box::new(move || spawn(&again)),
         })
     }
 

@@ -64,6 +64,8 @@ pub struct EpnOptions {
     pub exec_zero_copy: bool,
     /// Long-lived (run control): join run after run until the session's EXIT.
     pub session: bool,
+    /// Started again into a run that is going (`--rejoin`): none going, it ends at once.
+    pub rejoin: bool,
 }
 
 /// Runs the EPN; if it loses the ICN mid-run (its lease expired, the ICN restarted),
@@ -79,6 +81,9 @@ pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
     let own = crate::join::OwnRun::at_start(reg.as_ref(), opts.session).await;
+    if own.over_before_start(Role::Epn, opts.rejoin, reg.is_some()) {
+        return Ok(());
+    }
     let (o, m, r, idr, k, own) = (&opts, &metrics, reg.as_ref(), &id, &kept, &own);
     incarnations(
         &metrics,

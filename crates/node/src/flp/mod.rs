@@ -48,6 +48,8 @@ pub struct FlpOptions {
     pub secret: crate::auth::Secret,
     /// Long-lived (run control): join run after run until the session's EXIT.
     pub session: bool,
+    /// Started again into a run that is going (`--rejoin`): none going, it ends at once.
+    pub rejoin: bool,
     /// Where the STFs come from (on-data runs; timer runs use synthetic payloads).
     pub source: SourceSpec,
 }
@@ -106,6 +108,9 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
     let own = crate::join::OwnRun::at_start(reg.as_ref(), opts.session).await;
+    if own.over_before_start(Role::Flp, opts.rejoin, reg.is_some()) {
+        return Ok(());
+    }
     let (o, m, r, idr, k, own) = (&opts, &metrics, reg.as_ref(), &id, &kept, &own);
     incarnations(
         &metrics,
