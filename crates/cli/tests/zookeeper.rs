@@ -361,30 +361,39 @@ fn a_node_waiting_inside_its_join_stops_when_the_registry_says_its_run_ended() {
     );
 }
 
-/// A node the launcher starts again into its run (`--rejoin`) after that run ended ends
-/// at once: the registry says no run is going, so it has nothing to join. The same
-/// node without `--rejoin` (one started for the next run) waits to join.
+/// A node the launcher starts again into its run (`--rejoin`) joins it while it goes,
+/// and ends at once once it ended: the registry says no run is going, so it has nothing
+/// to join. The same node without `--rejoin` (one started for the next run) waits.
 #[test]
 fn a_node_started_again_after_its_run_ended_has_nothing_to_rejoin() {
     let server = zk(100);
     let url = server.url("/fanin-again");
     let dir = tempfile::tempdir().unwrap();
-    // The run's ICN has gone; its leadership and the run's state "ended" remain.
+    // The run's leader address answers nothing: a node that joins keeps trying.
     let (rt, lead) = leader_at(&url, "127.0.0.1:9");
-    rt.block_on(lead.set_run_state(&run_7(dir.path(), true).encode(), None))
+    let v = rt
+        .block_on(lead.set_run_state(&run_7(dir.path(), false).encode(), None))
         .unwrap();
-    let log = dir.path().join("again.log");
-    let mut again = patient_epn0_with(&url, &log, &["--rejoin"]);
-    ends_cleanly(&mut again, &log, 10, &["nothing to rejoin"]);
+    let log = dir.path().join("during.log");
+    let mut during = patient_epn0_with(&url, &log, &["--rejoin"]);
+    still_waiting(&mut during, &log);
+    rt.block_on(lead.set_run_state(&run_7(dir.path(), true).encode(), Some(v)))
+        .unwrap();
+    ends_cleanly(&mut during, &log, 8, &["run 7 ended"]);
+    let log = dir.path().join("after.log");
+    let mut after = patient_epn0_with(&url, &log, &["--rejoin"]);
+    ends_cleanly(&mut after, &log, 10, &["nothing to rejoin"]);
     let log = dir.path().join("next.log");
     let mut next = patient_epn0(&url, &log);
-    std::thread::sleep(Duration::from_secs(3));
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(
-        next.is_running(),
-        "a node for the next run must wait: {text}"
-    );
+    still_waiting(&mut next, &log);
     next.kill9();
+}
+
+/// Three seconds on, the node is still there, trying to join.
+fn still_waiting(p: &mut Proc, log: &std::path::Path) {
+    std::thread::sleep(Duration::from_secs(3));
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(p.is_running(), "{} must wait to join: {text}", p.name);
 }
 
 /// A registry session of the test's own (a worker thread keeps it alive while the test
@@ -427,6 +436,7 @@ fn patient_epn0(url: &str, log: &std::path::Path) -> Proc {
     patient_epn0_with(url, log, &[])
 }
 
+/// The same with more flags.
 fn patient_epn0_with(url: &str, log: &std::path::Path, extra: &[&str]) -> Proc {
     Proc::spawn(
         "EPN 0",

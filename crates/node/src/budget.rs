@@ -82,6 +82,18 @@ mod tests {
     }
 
     #[test]
+    fn a_lower_limit_keeps_what_is_reserved_and_admits_nothing_above_it() {
+        let mut b = ByteBudget::new(100);
+        assert!(b.try_reserve(80));
+        b.set_limit(50);
+        assert!(!b.try_reserve(1), "80 reserved, 50 allowed");
+        b.release(40);
+        assert!(b.try_reserve(10));
+        assert!(!b.try_reserve(1));
+        assert_eq!((b.used(), b.limit()), (50, 50));
+    }
+
+    #[test]
     #[should_panic(expected = "released")]
     fn over_release_is_a_bug() {
         ByteBudget::new(10).release(1);

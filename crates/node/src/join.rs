@@ -263,17 +263,20 @@ async fn run_ends(reg: Option<&crate::registry::ZkRegistry>, run_id: Option<u64>
 /// node nothing to join. A long-lived node (`--session`) belongs to no one run.
 pub struct OwnRun {
     run: std::cell::Cell<Option<u64>>,
+    /// The registry answered at start that no run is going (not: it gave no answer).
+    none_going: bool,
     session: bool,
 }
 
 impl OwnRun {
     pub async fn at_start(reg: Option<&crate::registry::ZkRegistry>, session: bool) -> OwnRun {
-        let going = match reg.filter(|_| !session) {
+        let said = match reg.filter(|_| !session) {
             Some(r) => crate::icn::run_state::going(r).await,
             None => None,
         };
         OwnRun {
-            run: std::cell::Cell::new(going),
+            run: std::cell::Cell::new(said.flatten()),
+            none_going: said == Some(None),
             session,
         }
     }
@@ -283,13 +286,15 @@ impl OwnRun {
     }
 
     /// A node started again into its run (`--rejoin`, as a launcher restarts a node it
-    /// killed) while the registry says no run is going: its run is over, so it has
-    /// nothing to join (said once; a node started for the next run has no `--rejoin`).
-    pub fn over_before_start(&self, role: Role, rejoin: bool, registry: bool) -> bool {
-        let over = rejoin && registry && self.get().is_none();
+    /// killed) while the registry answers that no run is going: its run is over, so it
+    /// has nothing to join (said once). A registry that gave no answer proves nothing:
+    /// the node joins as usual. A node started for the next run has no `--rejoin`.
+    pub fn over_before_start(&self, role: Role, id: Option<u32>, rejoin: bool) -> bool {
+        let over = rejoin && self.none_going;
         if over {
+            let me = id.map_or(String::new(), |i| format!(" {i}"));
             tracing::info!(
-                "{}: started again into its run (--rejoin), but the registry says no run is going: nothing to rejoin",
+                "{}{me}: started again into its run (--rejoin), but the registry says no run is going: nothing to rejoin",
                 role.name()
             );
         }

@@ -143,7 +143,6 @@ impl FlpCore {
         epns: &[EpnId],
         metrics: Arc<Metrics>,
     ) -> FlpCore {
-        let share = epn_share(send_buffer, size.max(), epns.len(), on_data);
         metrics.set_buffer("flp_send", 0, send_buffer);
         let mut core = FlpCore {
             me,
@@ -151,7 +150,7 @@ impl FlpCore {
             seed,
             retain: retain || on_data,
             budget: ByteBudget::new(send_buffer),
-            share,
+            share: send_buffer, // one EPN's; each queue opened sets it (`open_queue`)
             queues: HashMap::new(),
             next_queue: 0,
             kept: HashMap::new(),

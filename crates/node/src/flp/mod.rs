@@ -108,7 +108,7 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     let id = std::cell::Cell::new(opts.id);
     let kept = std::cell::RefCell::new(None);
     let own = crate::join::OwnRun::at_start(reg.as_ref(), opts.session).await;
-    if own.over_before_start(Role::Flp, opts.rejoin, reg.is_some()) {
+    if own.over_before_start(Role::Flp, opts.id, opts.rejoin) {
         return Ok(());
     }
     let (o, m, r, idr, k, own) = (&opts, &metrics, reg.as_ref(), &id, &kept, &own);

@@ -199,15 +199,26 @@ impl Claim {
     }
 }
 
-/// The run state as the registry holds it; no answer, or no state, is None.
-async fn read(reg: &crate::registry::ZkRegistry) -> Option<RunState> {
-    let state = reg.run_state(crate::registry::runtime::RUN).await;
-    state.ok().flatten().and_then(|t| RunState::parse(&t))
+/// The registry's answer: the run state it holds, `Ok(None)` if it holds none; `Err`
+/// when it does not answer, or holds a state that does not parse.
+async fn answer(reg: &crate::registry::ZkRegistry) -> Result<Option<RunState>, ()> {
+    match reg.run_state(crate::registry::runtime::RUN).await {
+        Ok(None) => Ok(None),
+        Ok(Some(t)) => RunState::parse(&t).map(Some).ok_or(()),
+        Err(_) => Err(()),
+    }
 }
 
-/// The run the state znode names, if it has not ended.
-pub async fn going(reg: &crate::registry::ZkRegistry) -> Option<u64> {
-    read(reg).await.filter(|s| !s.ended).map(|s| s.run_id)
+/// The run state as the registry holds it; no answer, or no state, is None.
+async fn read(reg: &crate::registry::ZkRegistry) -> Option<RunState> {
+    answer(reg).await.ok().flatten()
+}
+
+/// The run the registry says is going: `Some(None)` when it answers that none is (no
+/// state, or its run ended), `None` when it gives no answer.
+pub async fn going(reg: &crate::registry::ZkRegistry) -> Option<Option<u64>> {
+    let state = answer(reg).await.ok()?;
+    Some(state.filter(|s| !s.ended).map(|s| s.run_id))
 }
 
 /// Did run `run_id` end, says the registry? (A node that was away when it ended then
