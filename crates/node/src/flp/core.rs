@@ -675,14 +675,7 @@ mod tests {
     fn one_epn_cannot_take_more_than_its_share() {
         let (mut c, _) = flp(false, 4 * KIB);
         job(&assign(&mut c, 0, 0));
-        job(&assign(&mut c, 1, 0));
-        let a = assign(&mut c, 2, 0);
-        assert_eq!(
-            dropped(&a),
-            Some(Reason::FlpQueueFull),
-            "half the buffer each"
-        );
-        job(&assign(&mut c, 3, 1));
+        epn0_stops_at_half(&mut c, "half the buffer each");
     }
 
     #[test]
@@ -693,14 +686,19 @@ mod tests {
         job(&assign(&mut c, 0, 0));
         c.handle(Input::Connected { epn: 1, ok: true });
         drain(&mut c);
-        job(&assign(&mut c, 1, 0));
-        let a = assign(&mut c, 2, 0);
+        epn0_stops_at_half(&mut c, "as if both had been there from the start");
+    }
+
+    /// EPN 0 holds TF 0's STF: TF 1's fits its half of the 4 KiB buffer, TF 2's is
+    /// dropped, and EPN 1 still has room for TF 3's.
+    fn epn0_stops_at_half(c: &mut FlpCore, why: &str) {
+        job(&assign(c, 1, 0));
         assert_eq!(
-            dropped(&a),
+            dropped(&assign(c, 2, 0)),
             Some(Reason::FlpQueueFull),
-            "half the buffer each, as if both had been there from the start"
+            "{why}"
         );
-        job(&assign(&mut c, 3, 1));
+        job(&assign(c, 3, 1));
     }
 
     #[test]
