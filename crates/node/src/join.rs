@@ -115,6 +115,13 @@ pub async fn locate_icn(
     }
 }
 
+/// Does a kept run go on with the ICN that answered a Register? Only if that ICN took
+/// this very run over (`resume` for the run kept); any other answer ends the kept run
+/// and a new one starts. The one rule for the runtime's nodes and the simulator's.
+pub fn resumes_kept(resume: bool, answered_run: u64, kept_run: u64) -> bool {
+    resume && answered_run == kept_run
+}
+
 /// A registered node's control connection.
 pub struct Joined {
     pub me: u32,

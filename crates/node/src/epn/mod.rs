@@ -172,7 +172,7 @@ async fn run_once(
     // Not the run it was in: the kept one ends at once (its acceptor stops before any
     // FLP of the new run can connect: they learn of this EPN only after this answer).
     let taken = kept.borrow_mut().take();
-    let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
+    let taken = taken.filter(|k| crate::join::resumes_kept(joined.resume, joined.run_id, k.run_id));
     let leader = crate::join::follow_leader(reg).await;
     let mut joined = joined;
     if let Some(k) = taken {

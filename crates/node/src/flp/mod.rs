@@ -150,7 +150,7 @@ async fn run_once(
     own.joined(joined.run_id);
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
-    let taken = taken.filter(|k| joined.resume && k.run_id == joined.run_id);
+    let taken = taken.filter(|k| crate::join::resumes_kept(joined.resume, joined.run_id, k.run_id));
     let leader = crate::join::follow_leader(reg).await;
     let started = match taken {
         Some(mut k) => match resume(&mut k, &mut joined, icn, metrics).await {

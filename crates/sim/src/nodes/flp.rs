@@ -361,7 +361,7 @@ impl World {
             Message::RegisterAck { resume, run_id, .. } if !told => {
                 self.registered(conn);
                 let run = self.flp_run(i).expect("a kept run");
-                if !(resume && run_id == run.run_id) {
+                if !fanin_node::join::resumes_kept(resume, run_id, run.run_id) {
                     return self.fresh_start(end, conn);
                 }
                 let held = run.core.held();
