@@ -38,7 +38,7 @@ pub enum CtlCmd {
     },
     /// CONFIGURED -> RUNNING, once every node of the run is ready (waits that long).
     Start {
-        #[arg(long, default_value_t = 60.0)]
+        #[arg(long, default_value_t = 60.0, value_parser = wait_secs)]
         wait_s: f64,
     },
     /// RUNNING -> PAUSED: no TF is issued until resume.
@@ -47,7 +47,7 @@ pub enum CtlCmd {
     Resume,
     /// RUNNING or PAUSED -> CONFIGURED: drain, write the run's results (waits for them).
     Stop {
-        #[arg(long, default_value_t = 600.0)]
+        #[arg(long, default_value_t = 600.0, value_parser = wait_secs)]
         wait_s: f64,
     },
     /// The state, the run and its counts.
@@ -205,4 +205,12 @@ fn status_line(st: &Value) -> String {
         );
     }
     line
+}
+
+/// `--wait-s`: seconds to wait, at most a day.
+fn wait_secs(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(s) if (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(format!("`{v}` is not within 0..=86400 seconds")),
+    }
 }

@@ -202,6 +202,13 @@ impl RunConfig {
             ));
         }
         in_range("rate_hz", self.rate_hz, 0.0, 1e6, " (0 = unthrottled)")?;
+        if self.rate_hz > 0.0 && self.rate_hz < MIN_RATE_HZ {
+            let why = format!(
+                "{} is below {MIN_RATE_HZ} Hz, one TF in 1000 s (0 = unthrottled)",
+                self.rate_hz
+            );
+            return Err(field_err("rate_hz", why));
+        }
         let stf_size: StfSize = self
             .stf_size
             .parse()
@@ -432,6 +439,10 @@ impl std::fmt::Display for ByteSize {
         write!(f, "{n}")
     }
 }
+
+/// The slowest TF rate a run or a replay takes (below it, a run's TFs would be spread
+/// over more time than a clock counts); 0 means unthrottled.
+pub const MIN_RATE_HZ: f64 = 1e-3;
 
 /// The one range check: `field` must be within `lo..=hi`; `note` explains the bound.
 pub fn in_range<T: PartialOrd + std::fmt::Display>(

@@ -713,7 +713,14 @@ impl Shell {
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                _ = &mut wait => return,
+                _ = &mut wait => {
+                    // Every sender handed its last jobs back before it ended: they are
+                    // queued, and each may free a slot (a TF released while it was sent).
+                    while let Ok((job, ok)) = done.try_recv() {
+                        self.feed(Input::Sent { job, ok }, ctl, conn_tx).await;
+                    }
+                    return;
+                }
                 Some((job, ok)) = done.recv() => {
                     self.feed(Input::Sent { job, ok }, ctl, conn_tx).await;
                 }
@@ -744,5 +751,56 @@ fn poll_now<F: std::future::Future>(f: F) -> Option<F::Output> {
     match f.as_mut().poll(&mut cx) {
         std::task::Poll::Ready(v) => Some(v),
         std::task::Poll::Pending => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shell with no source, connected to EPN 0 only in name, sending 1 KiB STFs.
+    fn shell() -> (Shell, mpsc::Receiver<(StfJob, bool)>) {
+        let metrics = Metrics::new("flp", Some(0));
+        let size = fanin_sched::StfSize::Fixed(1024);
+        let core = FlpCore::new(0, (size, 1, false, false), 64 << 10, &[0], metrics.clone());
+        let ctx = Arc::new(SendCtx {
+            me: 0,
+            run_id: 1,
+            crc: false,
+            pattern: super::payload::Pattern::new(1, 0),
+            metrics,
+            secret: crate::auth::Secret::new(b"test"),
+        });
+        Shell::new(core, ctx, None, None)
+    }
+
+    /// A sender that hands its last job back and ends at once: the flush must take that
+    /// job, whichever it sees first, the job or the sender's end (20 tries).
+    #[tokio::test]
+    async fn a_flush_takes_the_jobs_a_sender_handed_back_before_it_ended() {
+        for _ in 0..20 {
+            let (mut sh, mut done) = shell();
+            let (ctl, _ctl_rx) = mpsc::channel(64);
+            let (conn_tx, _conns) = mpsc::channel(64);
+            sh.core.handle(Input::Control(Message::Assign {
+                tf_id: 7,
+                epn_id: 0,
+            }));
+            let job = std::iter::from_fn(|| sh.core.poll_action())
+                .find_map(|a| match a {
+                    Action::Queue(job) => Some(job),
+                    _ => None,
+                })
+                .expect("the STF queued for EPN 0");
+            assert_eq!(sh.core.buffered(), 1024);
+            let done_tx = sh.done_tx.clone();
+            let sender = tokio::spawn(async move {
+                let _ = done_tx.send((job, true)).await;
+            });
+            tokio::task::yield_now().await;
+            sh.tasks.push(AbortOnDrop(sender));
+            sh.flush(&mut done, &ctl, &conn_tx).await;
+            assert_eq!(sh.core.buffered(), 0, "the sent STF is freed");
+        }
     }
 }
