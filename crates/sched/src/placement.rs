@@ -75,25 +75,33 @@ impl Placer {
         self.waiting.len()
     }
 
-    /// A new TF of `bytes`: behind waiting TFs it waits too (TFs are placed in issue
-    /// order); otherwise the policy decides.
+    /// A new TF of `bytes`: behind waiting TFs it waits too (TFs are placed oldest
+    /// first); otherwise the policy decides. Timer runs issue ids in rising order;
+    /// on-data runs may issue an older TF after a newer one (it went stale later), and
+    /// it waits in its id's place.
     pub fn issue(&mut self, tf: TfId, bytes: u64) -> Placed {
-        debug_assert!(
-            self.waiting.back().is_none_or(|&(w, _)| w < tf),
-            "TF ids rise"
-        );
         if !self.waiting.is_empty() {
-            self.waiting.push_back((tf, bytes));
+            self.wait_in_order(tf, bytes);
             return Placed::Waiting;
         }
         match self.policy.assign(TfRequest::new(tf, bytes)) {
             Decision::Assign(e) => Placed::Assigned(e),
             Decision::Drop(r) => Placed::Dropped(r),
             Decision::Wait => {
-                self.waiting.push_back((tf, bytes));
+                self.wait_in_order(tf, bytes);
                 Placed::Waiting
             }
         }
+    }
+
+    /// `tf` joins the waiting TFs in id order.
+    fn wait_in_order(&mut self, tf: TfId, bytes: u64) {
+        let at = self.waiting.partition_point(|&(w, _)| w < tf);
+        self.waiting.insert(at, (tf, bytes));
+        debug_assert!(
+            self.waiting.get(at + 1).is_none_or(|&(w, _)| w > tf),
+            "TF {tf} waits once"
+        );
     }
 
     /// Places the oldest waiting TF if the policy assigns or drops it now: `Some((tf,
@@ -123,8 +131,7 @@ impl Placer {
             Decision::Assign(e) => Placed::Assigned(e),
             Decision::Drop(r) => Placed::Dropped(r),
             Decision::Wait => {
-                let at = self.waiting.partition_point(|&(w, _)| w < tf);
-                self.waiting.insert(at, (tf, bytes));
+                self.wait_in_order(tf, bytes);
                 Placed::Waiting
             }
         }
@@ -211,6 +218,17 @@ mod tests {
         assert_eq!(p.replace(3, 10), Placed::Waiting);
         assert_eq!(p.waiting().collect::<Vec<_>>(), [3, 5]);
         assert_eq!(p.drain_waiting(), [3, 5]);
+    }
+
+    /// On-data, an older TF can be issued after a newer one (it went stale later): it
+    /// waits in its id's place, and in debug builds nothing asserts otherwise.
+    #[test]
+    fn an_older_tf_issued_late_waits_in_id_order() {
+        let mut p = least_loaded_wait();
+        full(&mut p, 0);
+        assert_eq!(p.issue(7, 10), Placed::Waiting);
+        assert_eq!(p.issue(5, 10), Placed::Waiting);
+        assert_eq!(p.waiting().collect::<Vec<_>>(), [5, 7]);
     }
 
     #[test]

@@ -202,12 +202,14 @@ impl IcnCore {
         }
         self.emit(Action::TfEnded(row.clone()));
         // FLPs kept the STFs of this TF for a re-send (on-data: always, in their
-        // sources): they may free them now.
+        // sources): they may free them now. With re-assignment, also a TF that ends
+        // without an EPN: it may have had one (moved off a lost EPN, then it waited),
+        // and an FLP that holds nothing of it ignores the Release.
         // After RunStop they freed everything, and read no more: a frame then would
         // only make their close a reset that can lose their run-end counters.
         self.ondata.sizes.remove(&row.tf_id);
         self.transfers_of_tf_over(row.tf_id);
-        let kept = self.cfg.run.on_data() || (self.cfg.run.cfg.reassign && row.epn.is_some());
+        let kept = self.cfg.run.on_data() || self.cfg.run.cfg.reassign;
         // Taking over, the FLPs are in their pre-run: the start releases what ended.
         let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
         if kept && !stopped && self.gathered.is_none() {

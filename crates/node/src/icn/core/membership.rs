@@ -535,7 +535,7 @@ impl IcnCore {
 
     /// Joining FLPs need not reach a gone EPN.
     fn joiners_skip_epn(&mut self, epn: EpnId) {
-        let ready: Vec<ConnId> = self
+        let mut ready: Vec<ConnId> = self
             .peers
             .iter_mut()
             .filter(|(_, q)| q.joined_at.is_some() && q.awaiting.contains(&epn))
@@ -544,6 +544,7 @@ impl IcnCore {
                 q.awaiting.is_empty().then_some(c)
             })
             .collect();
+        ready.sort_unstable(); // the peers' map has no order; the simulator's output must
         for c in ready {
             self.rejoin_ready(c);
         }

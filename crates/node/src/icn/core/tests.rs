@@ -1143,6 +1143,29 @@ fn epn_lost_with_no_room_elsewhere_waits_instead_of_dropping() {
     assert_eq!(assigns(&out)[0], (0, 1));
 }
 
+/// A TF moved off a lost EPN waits; when it then ends without an EPN (the last one is
+/// lost too), the FLPs still keep its STFs from the first Assign: they are released.
+#[test]
+fn a_moved_tf_that_ends_while_waiting_is_released() {
+    let mut h = H::running(1, 2, least_loaded_wait);
+    let full = Message::LoadReport {
+        free_bytes: 0,
+        building: 0,
+    };
+    h.msg(epn_conn(1), full);
+    h.feed(Input::Closed {
+        conn: epn_conn(0),
+        err: None,
+    });
+    assert_eq!(h.core.placer.waiting().collect::<Vec<_>>(), [0]);
+    let out = h.feed(Input::Closed {
+        conn: epn_conn(1),
+        err: None,
+    });
+    assert_eq!(ended(&out), [(0, TfStatus::Dropped, Reason::NoEpn)]);
+    assert!(to(&out, flp_conn(0)).contains(&Message::Release { tf_id: 0 }));
+}
+
 #[test]
 fn least_loaded_drop_names_the_reason() {
     let mut h = H::running(1, 1, |c| {
