@@ -34,31 +34,49 @@ pub struct Takeover {
 /// buffers' worth of TFs; an id beyond is not this run's, and would cost memory).
 const MAX_AHEAD: u64 = 1 << 22;
 
-/// TF ids that ended, as bits from the run's first id (a long run stays small).
-#[derive(Default)]
-struct Ended {
-    base: TfId,
-    bits: Vec<u64>,
+/// TF ids that ended. Timer runs: bits from the run's first id (a long run stays
+/// small; ids are the ICN's, dense). On-data: a set (ids are the sources', anywhere).
+enum Ended {
+    Dense { base: TfId, bits: Vec<u64> },
+    Sparse(BTreeSet<TfId>),
+}
+
+impl Default for Ended {
+    fn default() -> Self {
+        Ended::Sparse(BTreeSet::new())
+    }
 }
 
 impl Ended {
     fn insert(&mut self, tf: TfId) {
-        let Some(i) = tf.checked_sub(self.base) else {
-            return;
-        };
-        let (word, bit) = ((i / 64) as usize, i % 64);
-        if self.bits.len() <= word {
-            self.bits.resize(word + 1, 0);
+        match self {
+            Ended::Dense { base, bits } => {
+                let Some(i) = tf.checked_sub(*base) else {
+                    return; // not this run's (refused before)
+                };
+                let (word, bit) = ((i / 64) as usize, i % 64);
+                if bits.len() <= word {
+                    bits.resize(word + 1, 0);
+                }
+                bits[word] |= 1 << bit;
+            }
+            Ended::Sparse(set) => {
+                set.insert(tf);
+            }
         }
-        self.bits[word] |= 1 << bit;
     }
 
     fn contains(&self, tf: TfId) -> bool {
-        let Some(i) = tf.checked_sub(self.base) else {
-            return false;
-        };
-        let (word, bit) = ((i / 64) as usize, i % 64);
-        self.bits.get(word).is_some_and(|w| w & (1 << bit) != 0)
+        match self {
+            Ended::Dense { base, bits } => {
+                let Some(i) = tf.checked_sub(*base) else {
+                    return false;
+                };
+                let (word, bit) = ((i / 64) as usize, i % 64);
+                bits.get(word).is_some_and(|w| w & (1 << bit) != 0)
+            }
+            Ended::Sparse(set) => set.contains(&tf),
+        }
     }
 }
 
@@ -122,12 +140,19 @@ impl IcnCore {
     /// Counts the earlier ICNs' rows as this run's, and starts gathering.
     pub(super) fn take_over(&mut self, t: Takeover) {
         let base = self.cfg.id_base;
-        let ids = base..base.saturating_add(self.cfg.run.total_tfs.unwrap_or(u64::MAX));
+        let on_data = self.cfg.run.on_data();
+        // Timer runs: the ICN's ids, from the run's first. On-data: the sources' ids,
+        // whatever the id base (a node of another run cannot be told by its ids).
+        let (ids, ended) = match on_data {
+            false => {
+                let end = base.saturating_add(self.cfg.run.total_tfs.unwrap_or(u64::MAX));
+                let bits = Vec::new();
+                (base..end, Ended::Dense { base, bits })
+            }
+            true => (0..TfId::MAX, Ended::Sparse(BTreeSet::new())),
+        };
         let mut g = Gathered {
-            ended: Ended {
-                base,
-                bits: Vec::new(),
-            },
+            ended,
             ids,
             ..Gathered::default()
         };
@@ -147,9 +172,12 @@ impl IcnCore {
             }
         }
         self.next_tf = self.ids_used(&g);
-        // Nodes hold at most their buffers' worth past the last row.
-        let past = g.max_id.map_or(base, |m| m.saturating_add(1));
-        g.ids.end = g.ids.end.min(past.saturating_add(MAX_AHEAD));
+        // Nodes hold at most their buffers' worth past the last row (timer runs: the
+        // bits stay bounded; on-data ids may jump, and their set holds only what ended).
+        if !on_data {
+            let past = g.max_id.map_or(base, |m| m.saturating_add(1));
+            g.ids.end = g.ids.end.min(past.saturating_add(MAX_AHEAD));
+        }
         let line = format!(
             "took over run {} (take-over number {}) {:.3} s into it: {} TFs had ended",
             self.cfg.run_id,

@@ -177,6 +177,20 @@ fn rows_read_back_as_written() {
 
 #[test]
 fn on_data_a_take_over_keeps_what_was_assigned_and_gathers_the_rest_again() {
+    on_data_take_over(0, 0);
+}
+
+/// On-data, TF ids are the sources': a second run on the same registry path (its
+/// `id_base` past the first run's ids) or a source counting from far past `tfs` keeps
+/// every row and every held STF.
+#[test]
+fn on_data_a_take_over_keeps_the_sources_ids_whatever_the_id_base() {
+    on_data_take_over(1 << 20, 0);
+    on_data_take_over(0, 5_000_000_000);
+}
+
+/// TFs `off + 0 ..` of an on-data run whose ICN has `id_base`.
+fn on_data_take_over(id_base: u64, off: u64) {
     let cfg = super::config(2, 2, |c| {
         c.schedule = crate::config::ScheduleKind::OnData;
         c.tfs = Some(10);
@@ -184,7 +198,10 @@ fn on_data_a_take_over_keeps_what_was_assigned_and_gathers_the_rest_again() {
     });
     let mut t = earlier();
     t.rows.truncate(2); // TFs 0 and 1 ended
-    let mut h = H::make(cfg, 0, None, false, Some(t));
+    for r in &mut t.rows {
+        r.tf_id += off;
+    }
+    let mut h = H::make(cfg, id_base, None, false, Some(t));
     for e in 0..2 {
         h.register(epn_conn(e), Role::Epn, Some(e));
     }
@@ -200,16 +217,19 @@ fn on_data_a_take_over_keeps_what_was_assigned_and_gathers_the_rest_again() {
     // was produced by both and never scheduled.
     h.msg(
         flp_conn(0),
-        Message::StfsHeld(vec![held(1, 0), held(2, 1), unsent(3)]),
+        Message::StfsHeld(vec![held(off + 1, 0), held(off + 2, 1), unsent(off + 3)]),
     );
-    h.msg(flp_conn(1), Message::StfsHeld(vec![held(2, 1), unsent(3)]));
+    h.msg(
+        flp_conn(1),
+        Message::StfsHeld(vec![held(off + 2, 1), unsent(off + 3)]),
+    );
     let none = Message::TfsHeld {
         building: vec![],
         reports: vec![],
     };
     h.msg(epn_conn(0), none);
     let building = Message::TfsHeld {
-        building: vec![2],
+        building: vec![off + 2],
         reports: vec![],
     };
     h.msg(epn_conn(1), building);
@@ -220,20 +240,20 @@ fn on_data_a_take_over_keeps_what_was_assigned_and_gathers_the_rest_again() {
     let a = h.msg(flp_conn(1), ready(Role::Flp, 1, 2));
     assert_eq!(h.core.phase(), Phase::Running);
     assert!(
-        releases(&a, flp_conn(0)).contains(&1),
+        releases(&a, flp_conn(0)).contains(&(off + 1)),
         "the ended TF is freed"
     );
     let placed = assigns(&a);
-    assert!(placed.contains(&(2, 1)), "{placed:?}");
+    assert!(placed.contains(&(off + 2, 1)), "{placed:?}");
     assert!(
-        placed.iter().any(|p| p.0 == 3),
+        placed.iter().any(|p| p.0 == off + 3),
         "gathered again: {placed:?}"
     );
     // A late announcement of a TF that ended before the take-over is not scheduled.
     let late = h.msg(
         flp_conn(1),
         Message::StfAnnounce(vec![fanin_proto::StfInfo {
-            tf_id: 0,
+            tf_id: off,
             size: 100,
         }]),
     );
