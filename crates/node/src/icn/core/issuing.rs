@@ -176,6 +176,7 @@ impl IcnCore {
                 Placed::Waiting => {
                     // No EPN has room now: it waits (the FLPs keep its STFs), in id order.
                     self.ledger.unassign(tf);
+                    self.kept_unplaced.insert(tf);
                     self.transfers_of_tf_unplaced(tf);
                     moved += 1;
                     continue;
@@ -202,14 +203,16 @@ impl IcnCore {
         }
         self.emit(Action::TfEnded(row.clone()));
         // FLPs kept the STFs of this TF for a re-send (on-data: always, in their
-        // sources): they may free them now. With re-assignment, also a TF that ends
-        // without an EPN: it may have had one (moved off a lost EPN, then it waited),
-        // and an FLP that holds nothing of it ignores the Release.
+        // sources): they may free them now. With re-assignment, a TF with an EPN, or
+        // one that had STFs sent out and ends without one (`kept_unplaced`); never one
+        // dropped before any FLP heard of it.
         // After RunStop they freed everything, and read no more: a frame then would
         // only make their close a reset that can lose their run-end counters.
         self.ondata.sizes.remove(&row.tf_id);
         self.transfers_of_tf_over(row.tf_id);
-        let kept = self.cfg.run.on_data() || self.cfg.run.cfg.reassign;
+        let unplaced = self.kept_unplaced.remove(&row.tf_id);
+        let kept = self.cfg.run.on_data()
+            || (self.cfg.run.cfg.reassign && (row.epn.is_some() || unplaced));
         // Taking over, the FLPs are in their pre-run: the start releases what ended.
         let stopped = matches!(self.phase, Phase::Stopping | Phase::Done);
         if kept && !stopped && self.gathered.is_none() {

@@ -22,7 +22,7 @@ mod tests;
 mod transfers;
 mod window;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -238,6 +238,9 @@ pub struct IcnCore {
     pub(crate) ondata: ondata::OnData,
     /// Taking over: what the returning nodes hold, until the run goes on.
     pub(crate) gathered: Option<takeover::Gathered>,
+    /// Re-assignment: TFs without an EPN now whose STFs the FLPs keep (moved off a
+    /// lost EPN, or placed again at a take-over); released when they end.
+    pub(crate) kept_unplaced: BTreeSet<fanin_sched::TfId>,
     /// Pull mode: the transfer tokens.
     pub(crate) transfers: Option<fanin_sched::TokenManager>,
     outbox: VecDeque<Action>,
@@ -295,6 +298,7 @@ impl IcnCore {
             paused_total: Duration::ZERO,
             ondata,
             gathered: None,
+            kept_unplaced: BTreeSet::new(),
             transfers,
             outbox: VecDeque::new(),
         };

@@ -30,8 +30,8 @@ pub struct Takeover {
     pub rows: Vec<TfRow>,
 }
 
-/// How far past the last row an id a node holds may be (nodes hold at most their
-/// buffers' worth of TFs; an id beyond is not this run's, and would cost memory).
+/// Timer runs: how far past the last row an id a node holds may be (nodes hold at most
+/// their buffers' worth of TFs; an id beyond is not this run's, and would cost memory).
 const MAX_AHEAD: u64 = 1 << 22;
 
 /// TF ids that ended. Timer runs: bits from the run's first id (a long run stays
@@ -94,7 +94,8 @@ pub(crate) struct Gathered {
     reports: BTreeMap<TfId, (EpnId, TfReport)>,
     /// EPNs that came back with their run (a TF stays only with one of them).
     resumed: BTreeSet<EpnId>,
-    /// Ids a node may hold: this run's, and not absurdly far past the rows.
+    /// Ids a node may hold: timer runs, this run's and not absurdly far past the rows;
+    /// on-data, any (they are the sources').
     ids: std::ops::Range<TfId>,
     /// Held ids refused as outside `ids`.
     refused: u64,
@@ -368,6 +369,7 @@ impl IcnCore {
     /// A TF of the failed ICN goes to the policy again (re-assignment).
     fn place_again(&mut self, tf: TfId) {
         let now = self.now_us();
+        self.kept_unplaced.insert(tf); // the failed ICN's FLPs may keep its STFs
         match self.placer.replace(tf, self.tf_bytes(tf)) {
             Placed::Assigned(to) if self.epns.contains_key(&to) => {
                 self.ledger.issue(tf, to, now);

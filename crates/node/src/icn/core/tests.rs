@@ -1171,6 +1171,7 @@ fn least_loaded_drop_names_the_reason() {
     let mut h = H::running(1, 1, |c| {
         least_loaded_wait(c);
         c.least_loaded.when_none_ready = WhenNoneReady::Drop;
+        c.reassign = true;
     });
     h.msg(
         epn_conn(0),
@@ -1181,6 +1182,8 @@ fn least_loaded_drop_names_the_reason() {
     );
     let out = h.at(1);
     assert_eq!(ended(&out), [(1, TfStatus::Dropped, Reason::NoEpnBuffer)]);
+    // No FLP heard of it: nothing to release (a burst of drops sends no burst).
+    assert!(!to(&out, flp_conn(0)).contains(&Message::Release { tf_id: 1 }));
 }
 
 #[test]
