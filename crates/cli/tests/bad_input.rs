@@ -160,6 +160,26 @@ fn one_line_error(args: &[&str], must_contain: &[&str]) {
     }
 }
 
+/// Tiny rates and huge waits once overflowed a duration: a panic, not an error.
+#[test]
+fn tiny_rates_and_huge_waits_are_one_line_errors() {
+    one_line_error(&["run", "--rate-hz", "1e-20"], &["rate_hz"]);
+    one_line_error(
+        &[
+            "flp",
+            "--icn",
+            "127.0.0.1:1",
+            "--source",
+            "replay:/tmp,rate=1e-20",
+        ],
+        &["rate"],
+    );
+    one_line_error(
+        &["ctl", "--icn", "127.0.0.1:1", "start", "--wait-s", "1e30"],
+        &["--wait-s"],
+    );
+}
+
 #[test]
 fn bad_configuration_values_name_their_field() {
     let dir = tempfile::tempdir().unwrap();
@@ -222,22 +242,6 @@ fn bad_configuration_values_name_their_field() {
         &["results directory /etc/passwd/r"],
     );
     one_line_error(&["icn", "--rate", "-3"], &["rate_hz"]);
-    // Tiny rates once overflowed a duration (a panic, not an error).
-    one_line_error(&["run", "--rate-hz", "1e-20"], &["rate_hz"]);
-    one_line_error(
-        &[
-            "flp",
-            "--icn",
-            "127.0.0.1:1",
-            "--source",
-            "replay:/tmp,rate=1e-20",
-        ],
-        &["rate"],
-    );
-    one_line_error(
-        &["ctl", "--icn", "127.0.0.1:1", "start", "--wait-s", "1e30"],
-        &["--wait-s"],
-    );
     one_line_error(&["icn", "--flps", "-3"], &["--flps"]);
     one_line_error(&["icn", "--flps", "100000"], &["flps"]);
     one_line_error(&["--threads", "0", "run"], &["--threads"]);
