@@ -195,18 +195,8 @@ impl RunConfig {
     pub fn check(&self) -> anyhow::Result<Checked> {
         in_range("flps", self.flps, 1, MAX_NODES, "")?;
         in_range("epns", self.epns, 1, MAX_NODES, "")?;
-        if !self.rate_hz.is_finite() {
-            return Err(field_err(
-                "rate_hz",
-                format!("{} is not a number", self.rate_hz),
-            ));
-        }
-        in_range("rate_hz", self.rate_hz, 0.0, 1e6, " (0 = unthrottled)")?;
-        if self.rate_hz > 0.0 && self.rate_hz < MIN_RATE_HZ {
-            let why = format!(
-                "{} is below {MIN_RATE_HZ} Hz, one TF in 1000 s (0 = unthrottled)",
-                self.rate_hz
-            );
+        if !rate_ok(self.rate_hz) {
+            let why = format!("{} is not {RATES} (0 = unthrottled)", self.rate_hz);
             return Err(field_err("rate_hz", why));
         }
         let stf_size: StfSize = self
@@ -440,9 +430,15 @@ impl std::fmt::Display for ByteSize {
     }
 }
 
-/// The slowest TF rate a run or a replay takes (below it, a run's TFs would be spread
-/// over more time than a clock counts); 0 means unthrottled.
-pub const MIN_RATE_HZ: f64 = 1e-3;
+/// The TF rates a run or a replay takes, in words: 0 (unthrottled; a replay: as fast
+/// as room allows), or 0.001 Hz (one TF in 1000 s: slower, a run's TFs would spread over
+/// more time than a clock counts) to 1 MHz.
+pub const RATES: &str = "0 or within 0.001..=1000000 Hz";
+
+/// Is `hz` one of `RATES`? (NaN is not.)
+pub fn rate_ok(hz: f64) -> bool {
+    hz == 0.0 || (1e-3..=1e6).contains(&hz)
+}
 
 /// The one range check: `field` must be within `lo..=hi`; `note` explains the bound.
 pub fn in_range<T: PartialOrd + std::fmt::Display>(

@@ -75,13 +75,8 @@ fn replay_spec(rest: &str) -> Result<SourceSpec, String> {
     for p in parts {
         match p.split_once('=') {
             Some(("rate", v)) => match v.parse::<f64>() {
-                Ok(r) if r == 0.0 || (crate::config::MIN_RATE_HZ..=1e6).contains(&r) => {
-                    rate_hz = Some(r)
-                }
-                _ => {
-                    let lo = crate::config::MIN_RATE_HZ;
-                    return Err(format!("rate `{v}` is not 0 or within {lo}..=1000000 Hz"));
-                }
+                Ok(r) if crate::config::rate_ok(r) => rate_hz = Some(r),
+                _ => return Err(format!("rate `{v}` is not {}", crate::config::RATES)),
             },
             _ => return Err(format!("unknown option `{p}` (rate=HZ)")),
         }
