@@ -122,6 +122,19 @@ pub fn resumes_kept(resume: bool, answered_run: u64, kept_run: u64) -> bool {
     resume && answered_run == kept_run
 }
 
+/// A kept run, once an ICN answered: the one that goes on (`resumes_kept`), or the one
+/// that ends (the caller ends it before anything else).
+pub fn goes_on<K>(
+    kept: Option<K>,
+    run_of: impl Fn(&K) -> u64,
+    joined: &Joined,
+) -> (Option<K>, Option<K>) {
+    match kept {
+        Some(k) if resumes_kept(joined.resume, joined.run_id, run_of(&k)) => (Some(k), None),
+        other => (None, other),
+    }
+}
+
 /// A registered node's control connection.
 pub struct Joined {
     pub me: u32,

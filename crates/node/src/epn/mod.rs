@@ -111,21 +111,22 @@ struct KeptRun {
 }
 
 impl KeptRun {
-    /// The run ended while this EPN was away: what it still builds ends as at a RunStop,
-    /// and its sinks close (their files and commands finish) before the EPN goes.
+    /// The run ended while this EPN was away, or goes on without it: what it still
+    /// builds ends as at a RunStop, and its sinks close (their files and commands
+    /// finish) before the EPN goes or joins another run.
     async fn end(self) {
         drop(self._acceptor);
         let stop = Message::RunStop {
             run_id: self.run_id,
         };
-        let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
         let mut build = self.build_task;
         // The core stops once its sinks returned every TF; a sink that never does is
         // not waited for longer than a run's stop is.
-        if tokio::time::timeout(KEPT_END_WAIT, &mut build.0)
-            .await
-            .is_err()
-        {
+        let stopped = async {
+            let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
+            let _ = (&mut build.0).await;
+        };
+        if tokio::time::timeout(KEPT_END_WAIT, stopped).await.is_err() {
             tracing::warn!(
                 "EPN: the kept run's build did not stop within {KEPT_END_WAIT:?}; ending it"
             );
@@ -169,10 +170,14 @@ async fn run_once(
         return Ok(());
     };
     own.joined(joined.run_id);
-    // Not the run it was in: the kept one ends at once (its acceptor stops before any
-    // FLP of the new run can connect: they learn of this EPN only after this answer).
+    // Not the run it was in: the kept one ends now, as at a RunStop, its sinks finishing
+    // what they took (its acceptor stops before any FLP of the new run can connect:
+    // they learn of this EPN only after this answer).
     let taken = kept.borrow_mut().take();
-    let taken = taken.filter(|k| crate::join::resumes_kept(joined.resume, joined.run_id, k.run_id));
+    let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
+    if let Some(k) = ended {
+        k.end().await;
+    }
     let leader = crate::join::follow_leader(reg).await;
     let mut joined = joined;
     if let Some(k) = taken {
@@ -317,7 +322,7 @@ async fn resume(
     match take_part(&k, &mut joined, icn, metrics).await {
         Ok(true) => follow(k, joined, icn, leader, metrics, reg, kept).await,
         Ok(false) => {
-            drop(k);
+            k.end().await; // stopped during the take-over
             Ok(joined.leave(Role::Epn, metrics).await?)
         }
         Err(e) => {

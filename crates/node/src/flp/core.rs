@@ -52,6 +52,10 @@ pub enum Input {
     Flush,
     /// On-data: the source ended (`ok`) or failed: announce the rest, then tell the ICN.
     SourceEnded { ok: bool, detail: String },
+    /// The run goes on no more here (its ICN was lost and no take-over resumed it, or it
+    /// stopped during one), and every send has ended. `over`: the run is over (ended, or
+    /// another run answered), not joined afresh.
+    RunLost { over: bool },
 }
 
 /// What the FLP asks its shell to do, in order.
@@ -82,6 +86,8 @@ struct Kept {
     sending: u32,
     /// The ICN released its TF: freed once no send uses it.
     released: bool,
+    /// The ICN assigned its TF (to an EPN, which may have refused it).
+    scheduled: bool,
 }
 
 /// One EPN's queue: its share of the send buffer and the STFs in it.
@@ -202,6 +208,7 @@ impl FlpCore {
                 self.flush_announce();
                 self.send(Message::SourceEnded { ok, detail });
             }
+            Input::RunLost { over } => self.run_lost(over),
         }
         debug_assert!(self.budget.used() <= self.budget.limit());
         debug_assert!(
@@ -361,6 +368,34 @@ impl FlpCore {
         }
     }
 
+    /// A lost run's STFs: a released one is freed now that its sends ended. If the run
+    /// is over, so is every one it scheduled, counted dropped `icn_lost`: whether its TF
+    /// was built went with the ICN, and it must not be announced into another run.
+    /// On-data, the source gets them back. STFs never scheduled stay with the source, as
+    /// at RunStop; a run joined afresh hears every unreleased one again.
+    fn run_lost(&mut self, over: bool) {
+        let mut gone: Vec<(TfId, bool)> = (self.kept.iter())
+            .filter(|(_, k)| k.released || (over && k.scheduled))
+            .map(|(&tf, k)| (tf, k.released))
+            .collect();
+        gone.sort_unstable();
+        for (_, k) in self.kept.drain() {
+            self.budget.release(k.len);
+        }
+        self.announce.clear();
+        self.publish();
+        let lost = gone.iter().filter(|(_, released)| !released).count() as u64;
+        if lost > 0 {
+            let me = self.me;
+            tracing::warn!("FLP {me}: its run is over while the ICN was away: {lost} STFs of TFs it scheduled are dropped (icn_lost), never announced into another run");
+            self.metrics.stf("dropped", Reason::IcnLost.name(), lost);
+        }
+        if self.on_data {
+            self.out
+                .extend(gone.into_iter().map(|(tf, _)| Action::Free(tf)));
+        }
+    }
+
     /// Counts a dropped STF and tells the ICN why.
     fn dropped(&mut self, tf: TfId, reason: Reason) {
         self.metrics.stf("dropped", reason.name(), 1);
@@ -397,6 +432,9 @@ impl FlpCore {
                 self.transfer_ended(tf, epn);
             }
             None => self.enqueue(tf, epn),
+        }
+        if let Some(k) = self.kept.get_mut(&tf) {
+            k.scheduled = true;
         }
     }
 
@@ -560,6 +598,7 @@ impl Kept {
             epn: None,
             sending: 0,
             released: false,
+            scheduled: false,
         }
     }
 }

@@ -112,17 +112,25 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
         return Ok(());
     }
     let (o, m, r, idr, k, own) = (&opts, &metrics, reg.as_ref(), &id, &kept, &own);
-    incarnations(
+    let res = incarnations(
         &metrics,
         opts.connect_timeout,
         opts.session,
         move |_rejoining| run_once(o, m, idr, r, k, own),
     )
-    .await
+    .await;
+    // Given up with a run kept: what the ICN released goes back (the rest stays for
+    // whichever FLP attaches next, as after a crash).
+    let k = kept.borrow_mut().take();
+    if let Some(k) = k {
+        k.shell.abandon(false).await;
+    }
+    res
 }
 
-/// What an FLP keeps when it loses its ICN mid-run with a registry: its run (STFs,
-/// data connections, source) goes on with an ICN that takes the run over.
+/// What an FLP keeps when it loses its ICN mid-run: its run (STFs, data connections,
+/// source) goes on with an ICN that takes the run over (with a registry); else it ends
+/// once the next ICN answers, which tells whether the run is over.
 struct KeptRun {
     run_id: u64,
     shell: Shell,
@@ -144,18 +152,27 @@ async fn run_once(
     };
     // Its run is over: nothing to join.
     let Some((icn, mut joined)) = joined else {
-        kept.borrow_mut().take();
+        let k = kept.borrow_mut().take();
+        if let Some(k) = k {
+            k.shell.abandon(true).await;
+        }
         return Ok(());
     };
     own.joined(joined.run_id);
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
-    let taken = taken.filter(|k| crate::join::resumes_kept(joined.resume, joined.run_id, k.run_id));
+    let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
+    if let Some(k) = ended {
+        k.shell.abandon(k.run_id != joined.run_id).await;
+    }
     let leader = crate::join::follow_leader(reg).await;
     let started = match taken {
         Some(mut k) => match resume(&mut k, &mut joined, icn, metrics).await {
             Ok(true) => Some((k.shell, k.done)),
-            Ok(false) => None,
+            Ok(false) => {
+                k.shell.abandon(true).await; // stopped during the take-over
+                None
+            }
             Err(e) => {
                 // The run stays kept for the next ICN (this one may have died meanwhile).
                 *kept.borrow_mut() = Some(k);
@@ -169,12 +186,14 @@ async fn run_once(
     };
     let run_id = shell.ctx.run_id;
     let result = shell.run(joined, &mut done, icn, leader, metrics).await;
-    if matches!(result, Err(NodeError::LostIcn(_))) && reg.is_some() {
+    if matches!(result, Err(NodeError::LostIcn(_))) {
         *kept.borrow_mut() = Some(KeptRun {
             run_id,
             shell,
             done,
         });
+    } else if result.is_err() {
+        shell.abandon(false).await; // whichever run comes next hears the rest again
     }
     result
 }
@@ -516,6 +535,38 @@ impl Shell {
         }
     }
 
+    /// The core is done with `tf`: its payload goes, and the source gets its slot back.
+    fn free(&mut self, tf: TfId) {
+        self.store.remove(&tf);
+        self.delay.announced.remove(&tf);
+        if let Some(s) = self.source.as_mut() {
+            s.free(tf);
+        }
+    }
+
+    /// Its run goes on no more here (`Input::RunLost`).
+    async fn abandon(mut self, over: bool) {
+        let tasks = std::mem::take(&mut self.tasks);
+        self.give_back(tasks, over).await;
+    }
+
+    /// The senders are stopped and waited for (none reads a payload after), then the
+    /// core says which STFs are freed (`Input::RunLost`).
+    async fn give_back(&mut self, tasks: Vec<AbortOnDrop<()>>, over: bool) {
+        self.senders.clear();
+        for mut t in tasks {
+            t.0.abort();
+            let _ = (&mut t.0).await;
+        }
+        self.core.handle(Input::RunLost { over });
+        while let Some(action) = self.core.poll_action() {
+            match action {
+                Action::Free(tf) => self.free(tf),
+                other => debug_assert!(false, "a lost run asked for {other:?}"),
+            }
+        }
+    }
+
     /// RunStart: the source starts where the run is. In a run taken over it runs (or
     /// ended) already: it goes on, and an ended one is told to the new ICN again.
     fn run_started(&mut self, elapsed_us: u64) -> Option<Input> {
@@ -561,13 +612,7 @@ impl Shell {
                         self.connect_later(e, conn_tx)
                     }
                     Action::Stop => stopped = true,
-                    Action::Free(tf) => {
-                        self.store.remove(&tf);
-                        self.delay.announced.remove(&tf);
-                        if let Some(s) = self.source.as_mut() {
-                            s.free(tf);
-                        }
-                    }
+                    Action::Free(tf) => self.free(tf),
                 }
             }
         }
@@ -702,36 +747,41 @@ impl Shell {
         conn_tx: &mpsc::Sender<Connected>,
     ) {
         self.senders.clear();
-        let tasks = std::mem::take(&mut self.tasks);
-        let wait = async {
-            for mut t in tasks {
-                let _ = (&mut t.0).await;
-            }
-        };
-        tokio::pin!(wait);
+        let mut tasks = std::mem::take(&mut self.tasks);
         let deadline = tokio::time::sleep(FLUSH_TIMEOUT);
         tokio::pin!(deadline);
-        loop {
-            tokio::select! {
-                _ = &mut wait => {
-                    // Every sender handed its last jobs back before it ended: they are
-                    // queued, and each may free a slot (a TF released while it was sent).
-                    while let Ok((job, ok)) = done.try_recv() {
+        let ended = {
+            let wait = async {
+                for t in tasks.iter_mut() {
+                    let _ = (&mut t.0).await;
+                }
+            };
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    _ = &mut wait => break true,
+                    Some((job, ok)) = done.recv() => {
                         self.feed(Input::Sent { job, ok }, ctl, conn_tx).await;
                     }
-                    return;
+                    _ = &mut deadline => break false,
                 }
-                Some((job, ok)) = done.recv() => {
-                    self.feed(Input::Sent { job, ok }, ctl, conn_tx).await;
-                }
-                _ = &mut deadline => break,
             }
+        };
+        if ended {
+            // Every sender handed its last jobs back before it ended: they are queued,
+            // and each may free a slot (a TF released while it was sent).
+            while let Ok((job, ok)) = done.try_recv() {
+                self.feed(Input::Sent { job, ok }, ctl, conn_tx).await;
+            }
+            return;
         }
         tracing::warn!(
             "FLP {}: send queues not flushed within {FLUSH_TIMEOUT:?}",
             self.ctx.me
         );
         self.ctx.metrics.error("flush_timeout");
+        // What the ICN released goes back once the stalled sends are stopped.
+        self.give_back(tasks, false).await;
     }
 }
 
@@ -802,5 +852,94 @@ mod tests {
             sh.flush(&mut done, &ctl, &conn_tx).await;
             assert_eq!(sh.core.buffered(), 0, "the sent STF is freed");
         }
+    }
+
+    /// An on-data shell reading the ring `name` (STFs of up to 4 KiB), sending to EPN 0.
+    fn ring_shell(name: &str) -> (Shell, Arc<Metrics>) {
+        let metrics = Metrics::new("flp", Some(0));
+        let prep = Prepare {
+            run_id: 1,
+            flps: 1,
+            build_timeout_ms: 1000,
+            crc: false,
+            size: fanin_proto::SizeWire {
+                kind: 1,
+                a: 4096,
+                b: 0,
+                c: 0,
+            },
+            seed: 1,
+            retain: true,
+            schedule: Schedule::OnData,
+            rate_mhz: 0,
+            tfs: 100,
+            pull: false,
+        };
+        let size = fanin_sched::StfSize::Fixed(4096);
+        let spec = SourceSpec::Shm { name: name.into() };
+        let source = Source::open(&spec, 0, &prep, size).expect("the ring opens");
+        let core = FlpCore::new(0, (size, 1, true, true), 64 << 10, &[0], metrics.clone());
+        let ctx = Arc::new(SendCtx {
+            me: 0,
+            run_id: 1,
+            crc: false,
+            pattern: super::payload::Pattern::new(1, 0),
+            metrics: metrics.clone(),
+            secret: crate::auth::Secret::new(b"test"),
+        });
+        (Shell::new(core, ctx, Some(source), None).0, metrics)
+    }
+
+    /// TFs 7 to 10 in a ring; the shell took all four. TF 7 was released while its STF
+    /// was being sent, TF 8 is queued for EPN 0, TF 9 only announced, TF 10 assigned to
+    /// an EPN this FLP does not reach (dropped, not released). Then the run is lost for
+    /// good (`over`) or joined afresh: which TFs does the ring still hold?
+    async fn left_in_the_ring_after_a_lost_run(over: bool) -> (Vec<u64>, u64) {
+        let name = format!("fanin-test-lost-run-{}-{over}", std::process::id());
+        let mut w = fanin_shm::Writer::create(&name, 4, 4096).unwrap();
+        for tf in [7u64, 8, 9, 10] {
+            assert!(w.write(tf, &[tf as u8; 100], false).unwrap());
+        }
+        let (mut sh, metrics) = ring_shell(&name);
+        sh.source.as_mut().unwrap().start(Duration::ZERO);
+        for _ in 0..4 {
+            let ev = next_stf(sh.source.as_mut(), sh.core.room()).await;
+            assert!(sh.source_event(ev).is_none(), "an STF, taken");
+        }
+        sh.core.handle(Input::Flush);
+        for (tf_id, epn_id) in [(7, 0), (8, 0), (10, 5)] {
+            sh.core
+                .handle(Input::Control(Message::Assign { tf_id, epn_id }));
+        }
+        sh.core
+            .handle(Input::Control(Message::Release { tf_id: 7 }));
+        let queued = std::iter::from_fn(|| sh.core.poll_action())
+            .filter(|a| matches!(a, Action::Queue(_)))
+            .count();
+        assert_eq!(
+            queued, 2,
+            "TFs 7 and 8 went to their sender, which never hands back"
+        );
+        sh.tasks
+            .push(AbortOnDrop(tokio::spawn(std::future::pending())));
+        sh.abandon(over).await;
+        let mut again = fanin_shm::Reader::attach(&name).unwrap();
+        let left = std::iter::from_fn(|| again.poll().unwrap()).map(|s| s.tf_id);
+        let left = left.collect();
+        w.unlink().unwrap();
+        (left, metrics.counter("stfs.dropped.icn_lost"))
+    }
+
+    #[tokio::test]
+    async fn a_lost_run_gives_back_what_it_released_and_when_over_what_it_scheduled() {
+        let (left, lost) = left_in_the_ring_after_a_lost_run(true).await;
+        let why = "only the TF never scheduled goes on to the next run";
+        assert_eq!(left, [9], "{why}");
+        let why = "TFs 8 and 10, scheduled in the lost run, counted icn_lost";
+        assert_eq!(lost, 2, "{why}");
+        let (left, lost) = left_in_the_ring_after_a_lost_run(false).await;
+        let why = "the run joined afresh hears them again";
+        assert_eq!(left, [8, 9, 10], "{why}");
+        assert_eq!(lost, 0);
     }
 }

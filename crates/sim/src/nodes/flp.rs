@@ -362,6 +362,9 @@ impl World {
                 self.registered(conn);
                 let run = self.flp_run(i).expect("a kept run");
                 if !fanin_node::join::resumes_kept(resume, run_id, run.run_id) {
+                    // As `fanin flp`: the kept run is lost (its sends end with it).
+                    let over = run_id != run.run_id;
+                    run.core.handle(Input::RunLost { over });
                     return self.fresh_start(end, conn);
                 }
                 let held = run.core.held();
@@ -377,7 +380,12 @@ impl World {
             }
             Message::Prepare(p) if told => self.flp_away_mut(i).prep = Some(p),
             Message::EpnList(l) if told => self.flp_away_mut(i).list = Some(l),
-            Message::RunStop { .. } => self.leave(end, conn),
+            Message::RunStop { .. } => {
+                // As `fanin flp`: stopped during the take-over, the kept run is over.
+                let run = self.flp_run(i).expect("a kept run");
+                run.core.handle(Input::RunLost { over: true });
+                self.leave(end, conn)
+            }
             Message::Reject { code, reason } => self.rejected(end, code.transient(), reason),
             _ => {}
         }
