@@ -158,19 +158,20 @@ pub fn leads(rows: &[Row]) -> String {
             s,
             "\nfanin against the best of {what} (throughput: >= 1 leads; CPU: <= 1 leads)"
         );
-        let lead = compare(rows, peers, &mut s);
-        let _ = writeln!(
-            s,
-            "fanin leads {what} everywhere from {}: {}",
-            size(LEAD_FROM),
-            if lead { "yes" } else { "no" }
-        );
+        let verdict = match compare(rows, peers, &mut s) {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "not measured",
+        };
+        let from = size(LEAD_FROM);
+        let _ = writeln!(s, "fanin leads {what} everywhere from {from}: {verdict}");
     }
     s
 }
 
-/// One line per fanin case against the best of `peers`; true if fanin leads in all.
-fn compare(rows: &[Row], peers: &[Transport], s: &mut String) -> bool {
+/// One line per fanin case against the best of `peers`: whether fanin leads in all
+/// (None: no case had one of them to compare with).
+fn compare(rows: &[Row], peers: &[Transport], s: &mut String) -> Option<bool> {
     let mut all = true;
     let mut any = false;
     for f in rows
@@ -182,8 +183,12 @@ fn compare(rows: &[Row], peers: &[Transport], s: &mut String) -> bool {
             .filter(|r| {
                 peers.contains(&r.transport)
                     && (r.net, r.tuning, r.block) == (f.net, f.tuning, f.block)
+                    && r.gbit_s.is_finite()
             })
             .collect();
+        if same.is_empty() {
+            continue;
+        }
         let best = |v: fn(&Row) -> f64, max: bool| {
             let it = same.iter().map(|r| v(r)).filter(|x| x.is_finite());
             if max {
@@ -208,7 +213,11 @@ fn compare(rows: &[Row], peers: &[Transport], s: &mut String) -> bool {
         );
     }
     if !any {
-        let _ = writeln!(s, "(no fanin case from {} to compare)", size(LEAD_FROM));
+        let from = size(LEAD_FROM);
+        let _ = writeln!(
+            s,
+            "(no fanin case from {from} has one of these peers beside it)"
+        );
     }
-    all && any
+    any.then_some(all)
 }
