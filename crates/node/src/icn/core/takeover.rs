@@ -317,10 +317,16 @@ impl IcnCore {
         self.next_tf = self.ids_used(&g);
         self.announce_unassigned(&g, &flight);
         let t = self.now_us() as f64 / 1e6;
+        let next = match self.cfg.run.on_data() {
+            false => format!(
+                "issuing goes on from TF {}",
+                self.cfg.id_base + self.next_tf
+            ),
+            true => format!("{} TFs scheduled so far", self.next_tf),
+        };
         let line = format!(
-            "t={t:.3}s take-over: {} TFs were in flight: {reported} ended as their EPN reported, {kept} stay with their EPN, {moved} placed again, {lost} dropped (icn_lost); issuing goes on from TF {}",
+            "t={t:.3}s take-over: {} TFs were in flight: {reported} ended as their EPN reported, {kept} stay with their EPN, {moved} placed again, {lost} dropped (icn_lost); {next}",
             flight.len() as u64 + unheld + lost,
-            self.cfg.id_base + self.next_tf
         );
         self.log(Level::Warn, line.clone());
         self.note(line);
@@ -344,19 +350,24 @@ impl IcnCore {
             self.ondata.sizes.insert(tf, bytes);
             self.ondata.mark_scheduled(tf);
         }
-        if let Some((epn, r)) = g.reports.get(&tf) {
-            self.ledger.issue(tf, *epn, now);
-            self.on_report(*epn, r.clone());
-            return Carried::Reported;
+        let (stays, moved_to) = self.stays_with(tf, g);
+        match (g.reports.get(&tf), moved_to) {
+            (Some(&(epn, ref r)), to) if to.is_none_or(|to| to == epn) => {
+                self.ledger.issue(tf, epn, now);
+                self.on_report(epn, r.clone());
+                return Carried::Reported;
+            }
+            (Some(&(epn, _)), Some(to)) => {
+                // The failed ICN moved the TF on from this EPN (counted lost then): its
+                // verdict yields to the EPN that builds it now, and it may forget it.
+                if let Some(&c) = self.epns.get(&epn) {
+                    self.send(c, Message::Release { tf_id: tf });
+                }
+                let line = format!("take-over: EPN {epn}'s report of TF {tf} yields to EPN {to}, which the TF was moved to and which builds it");
+                self.log(Level::Warn, line);
+            }
+            _ => {}
         }
-        // The EPN the FLPs queued it for is the failed ICN's last word; else one that
-        // builds it. Only one that came back with its run (a restarted one has lost it).
-        let back = |e: &EpnId| self.epns.contains_key(e) && g.resumed.contains(e);
-        let queued = g.stfs.get(&tf).and_then(|v| v.iter().find_map(|s| s.2));
-        let building = g.building.get(&tf).map_or(&[][..], |v| v.as_slice());
-        let stays = queued
-            .filter(back)
-            .or_else(|| building.iter().copied().find(back));
         if let Some(epn) = stays {
             self.ledger.issue(tf, epn, now);
             self.dispatch(tf, epn);
@@ -364,6 +375,20 @@ impl IcnCore {
         }
         self.place_again(tf);
         Carried::Moved
+    }
+
+    /// Where a TF in flight stays: the EPN the FLPs queued it for (the failed ICN's last
+    /// word), else one that builds it; only one that came back with its run (a restarted
+    /// one has lost it). Second: that EPN, if the FLPs queued it there and it builds it.
+    fn stays_with(&self, tf: TfId, g: &Gathered) -> (Option<EpnId>, Option<EpnId>) {
+        let back = |e: &EpnId| self.epns.contains_key(e) && g.resumed.contains(e);
+        let queued = g.stfs.get(&tf).and_then(|v| v.iter().find_map(|s| s.2));
+        let building = g.building.get(&tf).map_or(&[][..], |v| v.as_slice());
+        let stays = queued
+            .filter(back)
+            .or_else(|| building.iter().copied().find(back));
+        let moved_to = stays.filter(|s| Some(*s) == queued && building.contains(s));
+        (stays, moved_to)
     }
 
     /// A TF of the failed ICN goes to the policy again (re-assignment).

@@ -292,3 +292,67 @@ fn a_tf_building_at_two_epns_goes_on_where_the_flps_sent_it_and_the_other_drops_
     assert!(to(&a, epn_conn(0)).contains(&abandon), "{a:?}");
     assert!(!to(&a, epn_conn(1)).contains(&abandon), "{a:?}");
 }
+
+/// The failed ICN had moved TF 10 from EPN 0 (counted lost, but it kept its run and an
+/// incomplete report of it) to EPN 1, which builds it: the old verdict yields, in either
+/// order of the EPNs' words, and TF 10 completes at EPN 1.
+#[test]
+fn a_stale_incomplete_report_yields_to_the_epn_the_tf_was_moved_to() {
+    for reporter_first in [true, false] {
+        let cfg = super::config(1, 2, |_| {});
+        let mut h = H::make(cfg, 0, None, false, Some(earlier()));
+        for e in 0..2 {
+            h.register(epn_conn(e), Role::Epn, Some(e));
+        }
+        h.register(flp_conn(0), Role::Flp, Some(0));
+        h.msg(flp_conn(0), Message::StfsHeld(vec![held(10, 1)]));
+        let stale = TfReport {
+            tf_id: 10,
+            status: TfStatus::Incomplete,
+            reason: Reason::BuildTimeout,
+            stfs: 0,
+            bytes: 0,
+        };
+        let mut words = vec![
+            (
+                0,
+                Message::TfsHeld {
+                    building: vec![],
+                    reports: vec![stale],
+                },
+            ),
+            (
+                1,
+                Message::TfsHeld {
+                    building: vec![10],
+                    reports: vec![],
+                },
+            ),
+        ];
+        if !reporter_first {
+            words.reverse();
+        }
+        for (e, m) in words {
+            assert!(ended(&h.msg(epn_conn(e), m)).is_empty());
+        }
+        for e in 0..2 {
+            h.msg(epn_conn(e), ready(Role::Epn, e, 0));
+        }
+        let a = h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
+        assert_eq!(h.core.phase(), Phase::Running);
+        assert!(ended(&a).iter().all(|x| x.0 != 10), "{a:?}");
+        assert!(assigns(&a).contains(&(10, 1)), "{a:?}");
+        let abandon = Message::Abandon {
+            tf_id: 10,
+            reason: Reason::EpnLost,
+        };
+        assert!(!to(&a, epn_conn(1)).contains(&abandon), "{a:?}");
+        assert_eq!(
+            releases(&a, epn_conn(0)),
+            [10],
+            "EPN 0 may forget its report"
+        );
+        let done = ended(&h.complete(1, 10));
+        assert_eq!(done, [(10, TfStatus::Complete, Reason::None)]);
+    }
+}
