@@ -64,9 +64,10 @@ impl IcnCore {
         Duration::from_millis(self.cfg.run.cfg.stf_stale_ms)
     }
 
-    /// Time with the pauses before taken out (stale deadlines do not run while paused).
+    /// Run time without its pauses, the current one included (stale deadlines do not run
+    /// while paused, and an STF announced during a pause counts from its start).
     fn active_now(&self) -> Now {
-        self.now.saturating_sub(self.paused_total)
+        self.now.saturating_sub(self.paused())
     }
 
     /// TFs announced and not scheduled (reported when the run ends).

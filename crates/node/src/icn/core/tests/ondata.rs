@@ -197,6 +197,28 @@ fn a_pause_holds_the_stale_clock_and_the_bound() {
     assert_eq!(h.counter("tfs.stale.stf_stale"), 1);
 }
 
+/// An STF announced 300 ms into a pause waits `stf_stale_ms` (100 ms) of run time from
+/// the resume, not from its announcement (it went stale 300 ms late).
+#[test]
+fn an_stf_announced_during_a_pause_counts_from_the_pause() {
+    let mut h = on_data(2, 1, |_| {});
+    let command = |h: &mut H, cmd| {
+        let now = h.now;
+        h.core.command(now, cmd).unwrap();
+        h.feed(Input::Timeout)
+    };
+    command(&mut h, crate::runctl::Command::Pause);
+    h.at(300);
+    announce(&mut h, 0, &[(0, 1)]);
+    h.at(500);
+    command(&mut h, crate::runctl::Command::Resume);
+    h.at(590);
+    assert_eq!(h.core.progress().0, 0, "90 ms of its stale time ran");
+    h.at(610);
+    assert_eq!(h.core.progress().0, 1, "stale 100 ms after the resume");
+    assert_eq!(h.counter("tfs.stale.stf_stale"), 1);
+}
+
 #[test]
 fn a_run_whose_flp_is_lost_for_good_ends_once_its_stfs_could_not_come() {
     // Found by `fanin chaos`: an on-data run waited for ever for an FLP that died and
