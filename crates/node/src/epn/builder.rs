@@ -188,6 +188,11 @@ impl<P> Builder<P> {
         self.slots.len()
     }
 
+    /// `tf` has a slot: it is being built.
+    pub fn is_building(&self, tf: TfId) -> bool {
+        self.slots.contains_key(&tf)
+    }
+
     /// The TFs in building, in no particular order.
     pub fn building_ids(&self) -> impl Iterator<Item = TfId> + '_ {
         self.slots.keys().copied()

@@ -333,10 +333,16 @@ impl<P> EpnCore<P> {
                 self.out.push_back(Action::Control(Message::TfReport(r)));
             }
             Message::Assign { tf_id, epn_id } if epn_id == me => {
-                if let Some(o) = self.order.as_mut() {
+                self.builder.assigned(tf_id, out);
+                // Waited for in order only while it is built here: assigned again after a
+                // take-over, a TF built already (at the sinks, say) would never come.
+                if let Some(o) = self
+                    .order
+                    .as_mut()
+                    .filter(|_| self.builder.is_building(tf_id))
+                {
                     o.assigned(tf_id);
                 }
-                self.builder.assigned(tf_id, out)
             }
             Message::Assign { tf_id, epn_id } => {
                 tracing::warn!("EPN {me}: ICN sent the assignment of TF {tf_id} to EPN {epn_id}");
@@ -683,6 +689,22 @@ mod tests {
         let late = stf(&mut c, 0, 1, 1);
         assert!(matches!(late[..], [Action::Free(1)]), "{late:?}");
         assert_eq!(c.builder().counters.late_stfs, 1);
+    }
+
+    /// After a take-over the new ICN assigns again every TF it keeps in flight, TF 1
+    /// among them, though it is at the sinks already: it must not hold TF 2 back, nor
+    /// the run's stop.
+    #[test]
+    fn in_order_a_tf_assigned_again_once_built_holds_nothing_back() {
+        let mut c = sinks(CompleteOn::Accepted, Some(4));
+        assert_eq!(delivered(&build(&mut c, 1)), [1]);
+        assign(&mut c, 1, 3);
+        assert_eq!(delivered(&build(&mut c, 2)), [2], "TF 2 goes on");
+        verdict(&mut c, 1, Ok(()));
+        c.handle(1, Input::Control(Message::RunStop { run_id: 1 }));
+        drain(&mut c);
+        let a = verdict(&mut c, 2, Ok(()));
+        assert!(matches!(a.last(), Some(Action::Stopped)), "{a:?}");
     }
 
     #[test]

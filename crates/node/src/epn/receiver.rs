@@ -49,7 +49,10 @@ pub enum BuildEvent {
 }
 
 /// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay
-/// within the build-buffer limit, so the limit bounds the EPN's payload memory.
+/// within the build-buffer limit, so the limit bounds the EPN's payload memory (held
+/// buffers are at most an eighth and `SLACK` larger than the bytes charged for them).
+const SLACK: usize = 4096;
+
 pub struct BufPool {
     free: Mutex<(Vec<Vec<u8>>, u64)>,
     budget: Arc<ByteBudget>,
@@ -63,6 +66,9 @@ impl BufPool {
         }
     }
 
+    /// A buffer of `n` bytes. The budget charges `n`, so its capacity stays close to
+    /// that: a pooled buffer far larger is shrunk (a small STF must not pin a large
+    /// allocation), and one too small grows to `n` exactly, not by doubling.
     pub fn take(&self, n: usize) -> Vec<u8> {
         let mut v = {
             let mut g = self.free.lock().unwrap();
@@ -74,7 +80,13 @@ impl BufPool {
                 None => Vec::new(),
             }
         };
+        if v.capacity() > n + n / 8 + SLACK {
+            v.clear();
+            v.shrink_to(n);
+        }
+        v.reserve_exact(n.saturating_sub(v.len()));
         v.resize(n, 0);
+        debug_assert!(v.capacity() <= n + n / 8 + SLACK);
         v
     }
 
@@ -408,4 +420,29 @@ async fn read_payload<R: tokio::io::AsyncRead + Unpin>(
 async fn send(ctx: &DataCtx, ev: BuildEvent) {
     // The builder only stops at run end; after that, STFs have nowhere to go.
     let _ = ctx.builder.send(ev).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The budget charges what an STF needs: a buffer from the pool must not be much
+    /// larger (a small STF in a pooled 16 MiB buffer, a 10 MiB buffer grown by doubling).
+    #[test]
+    fn a_pooled_buffer_holds_about_what_the_budget_charges_for_it() {
+        let pool = BufPool::new(Arc::new(ByteBudget::new(64 << 20)));
+        pool.put(vec![0u8; 16 << 20]);
+        let small = pool.take(1024);
+        assert_eq!(small.len(), 1024);
+        assert!(
+            small.capacity() <= 1024 + 128 + SLACK,
+            "{}",
+            small.capacity()
+        );
+        pool.put(vec![0u8; 10 << 20]);
+        let grown = pool.take(12 << 20);
+        assert_eq!(grown.len(), 12 << 20);
+        let most = (12 << 20) + (12 << 17) + SLACK;
+        assert!(grown.capacity() <= most, "{}", grown.capacity());
+    }
 }

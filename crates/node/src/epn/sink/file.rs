@@ -110,8 +110,12 @@ impl TfFiles {
             self.cur = Some(self.create()?);
         }
         let cur = self.cur.as_mut().expect("opened");
-        f(&mut cur.w)?;
-        cur.w.flush()?;
+        if let Err(e) = f(&mut cur.w).and_then(|()| cur.w.flush()) {
+            // The file may end in a partial record: the next one starts a fresh file
+            // (readers see this one end in a truncated record, never a record run on).
+            self.cur = None;
+            return Err(e);
+        }
         cur.bytes += len;
         if self.opts.fsync == Fsync::Every {
             cur.w.get_ref().sync_data()?;
@@ -188,8 +192,7 @@ impl FileSink {
 impl Sink for FileSink {
     fn accept(&mut self, tf: &TfView) -> Result<(), SinkError> {
         self.files.write(tf).map_err(|e| {
-            // The file may end in a partial record: start a fresh one for the next TF.
-            let _ = self.files.cur.take();
+            let _ = self.files.cur.take(); // also after a failed fsync or rotation
             SinkError::failed(format!("file sink {}: {e}", self.files.dir().display()))
         })
     }
@@ -217,6 +220,28 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    /// A record that fails half written (a full disk, say) ends its file: the next one
+    /// goes to a new file, for the burst ring's saves as for the file sink.
+    #[test]
+    fn a_record_that_fails_half_written_ends_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = FileOpts::parse(&dir.path().display().to_string()).unwrap();
+        let mut f = TfFiles::new(opts, "burst-", 2).unwrap();
+        let torn = f.write_record(100, |w| {
+            w.write_all(&[1u8; 40])?;
+            Err(std::io::Error::other("disk full"))
+        });
+        assert!(torn.is_err());
+        f.write_bytes(&tf_of(&[(0, vec![7u8; 10])], 1).record())
+            .unwrap();
+        f.close().unwrap();
+        let files = names(dir.path());
+        assert_eq!(
+            files,
+            ["burst-epn2-000000.fanin", "burst-epn2-000001.fanin"]
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fanin_proto::tf_record::{decode_file_header, RecordReader, FILE_HEADER_LEN};
+use fanin_proto::tf_record::{decode_file_header, RecordError, RecordReader, FILE_HEADER_LEN};
 use fanin_proto::StfInfo;
 use tokio::time::Instant;
 
@@ -36,6 +36,9 @@ pub struct Replay {
     /// successor built again) is produced once.
     seen: HashSet<u64>,
     duplicates: u64,
+    /// Files that end in a cut-off record, or before their header (an EPN killed as it
+    /// wrote): read up to there.
+    cut_short: u64,
     what: String,
 }
 
@@ -51,7 +54,17 @@ impl Replay {
         if files.is_empty() {
             anyhow::bail!("{what}: {}: no *.fanin files", dir.display());
         }
-        let heads = files
+        // A file shorter than its header: its EPN was killed before writing a record.
+        let (whole, empty): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|p| {
+            std::fs::metadata(p).map_or(true, |m| m.len() >= FILE_HEADER_LEN as u64)
+        });
+        for p in &empty {
+            tracing::warn!(
+                "{what}: {}: no file header (its EPN stopped first); skipped",
+                p.display()
+            );
+        }
+        let heads = whole
             .iter()
             .map(|p| open_file(p).map_err(|e| anyhow::anyhow!("{what}: {}: {e}", p.display())))
             .collect::<anyhow::Result<_>>()?;
@@ -65,6 +78,7 @@ impl Replay {
             skipped: 0,
             seen: HashSet::new(),
             duplicates: 0,
+            cut_short: empty.len() as u64,
             what,
         })
     }
@@ -83,8 +97,8 @@ impl Replay {
                 Some(p) => self.pending = Some(p),
                 None => {
                     let what = format!(
-                        "replayed {} STFs ({} TFs without one of FLP {}, {} in two files)",
-                        self.made, self.skipped, self.me, self.duplicates
+                        "replayed {} STFs ({} TFs without one of FLP {}, {} in two files, {} files cut short)",
+                        self.made, self.skipped, self.me, self.duplicates, self.cut_short
                     );
                     return Ok(Event::Ended(what));
                 }
@@ -141,6 +155,13 @@ impl Replay {
                     h.done = true;
                     break;
                 }
+                Err(e @ RecordError::Truncated { .. }) => {
+                    // Its EPN stopped mid-record: the records before it are whole.
+                    tracing::warn!("{}: {}: {e}; the file ends there", self.what, h.path);
+                    self.cut_short += 1;
+                    h.done = true;
+                    break;
+                }
                 Err(e) => return Err(SourceError(format!("{}: {}: {e}", self.what, h.path))),
             };
             let tf = rec.header.tf_id;
@@ -173,4 +194,41 @@ fn open_file(path: &Path) -> Result<Head, String> {
         next: None,
         done: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fanin_proto::tf_record::{encode_file_header, encode_record, TfHeader};
+
+    /// Files from an EPN killed as it wrote: one ends in a cut-off record, one before its
+    /// header. The whole records are replayed, and the end says how many files were cut.
+    #[tokio::test]
+    async fn a_file_cut_off_mid_record_is_read_up_to_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = encode_file_header(0).to_vec();
+        for tf_id in [1, 2, 3] {
+            let header = TfHeader {
+                run_id: 1,
+                tf_id,
+                stfs: 2,
+            };
+            let (a, b) = (vec![tf_id as u8; 500], vec![9u8; 500]);
+            bytes.extend(encode_record(header, &[(0, &a), (1, &b)]));
+        }
+        bytes.truncate(bytes.len() - 300); // TF 3 cut off
+        std::fs::write(dir.path().join("epn0-000000.fanin"), bytes).unwrap();
+        std::fs::write(dir.path().join("epn1-000000.fanin"), b"FAN").unwrap();
+        let mut r = Replay::open(dir.path(), 0, None, "FLP 0: source replay".into()).unwrap();
+        let mut got = Vec::new();
+        let end = loop {
+            match r.next(1 << 20).await.unwrap() {
+                Event::Stf(p) => got.push(p.info.tf_id),
+                Event::Ended(what) => break what,
+                Event::Held(_) => panic!("room for every STF"),
+            }
+        };
+        assert_eq!(got, [1, 2]);
+        assert!(end.contains("2 files cut short"), "{end}");
+    }
 }
