@@ -189,6 +189,8 @@ pub enum RecordError {
 pub struct RecordReader<R> {
     src: R,
     keep_payload_bytes: u64,
+    /// Keep only this FLP's payloads (the others are read and checked).
+    only_flp: Option<u32>,
     index: u64,
 }
 
@@ -197,8 +199,15 @@ impl<R: Read> RecordReader<R> {
         RecordReader {
             src,
             keep_payload_bytes,
+            only_flp: None,
             index: 0,
         }
+    }
+
+    /// Keeps the payloads of FLP `flp` alone: a record's `payloads` are that FLP's.
+    pub fn only_flp(mut self, flp: u32) -> Self {
+        self.only_flp = Some(flp);
+        self
     }
 
     /// The next record; `Ok(None)` at a clean end of the stream.
@@ -221,21 +230,23 @@ impl<R: Read> RecordReader<R> {
                 return Err(self.truncated("STF header"));
             }
             let s = StfRecordHeader::decode(&sh)?;
-            let ok = self.payload(s, &mut rec.payloads)?;
+            let wanted = self.only_flp.is_none_or(|f| f == s.flp_id);
+            let ok = self.payload(s, wanted, &mut rec.payloads)?;
             rec.stfs.push((s, ok));
         }
         self.index += 1;
         Ok(Some(rec))
     }
 
-    /// Reads one payload, checking its CRC; kept if small enough.
+    /// Reads one payload, checking its CRC; kept if `wanted` and small enough.
     fn payload(
         &mut self,
         s: StfRecordHeader,
+        wanted: bool,
         keep: &mut Vec<Vec<u8>>,
     ) -> Result<bool, RecordError> {
-        let keeping = s.len <= self.keep_payload_bytes;
-        if !keeping && self.keep_payload_bytes > 0 {
+        let keeping = wanted && s.len <= self.keep_payload_bytes;
+        if wanted && !keeping && self.keep_payload_bytes > 0 {
             let limit = self.keep_payload_bytes;
             return Err(RecordError::TooLarge { len: s.len, limit });
         }
@@ -321,6 +332,20 @@ mod tests {
         assert!(rec.crc_ok());
         assert_eq!(rec.bytes(), 8);
         assert!(r.next_record().unwrap().is_none());
+    }
+
+    /// One FLP's reader (replay) keeps that FLP's payload alone, and still checks the
+    /// others' CRCs.
+    #[test]
+    fn a_reader_for_one_flp_keeps_only_its_payload() {
+        let mut bytes = sample();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1; // FLP 1's payload
+        let mut r = RecordReader::new(bytes.as_slice(), 1 << 20).only_flp(0);
+        let rec = r.next_record().unwrap().unwrap();
+        assert_eq!(rec.payloads, vec![b"abc".to_vec()]);
+        let crcs: Vec<bool> = rec.stfs.iter().map(|s| s.1).collect();
+        assert_eq!(crcs, [true, false]);
     }
 
     #[test]

@@ -97,13 +97,20 @@ impl Mapping {
         if len < HEADER_LEN {
             return Err(self.bad("header", format!("file is {len} bytes, under 4096")));
         }
-        let head = unsafe { std::slice::from_raw_parts(self.map.as_ptr(), 16) };
-        if head[..8] != MAGIC {
-            return Err(self.bad("magic", format!("{:?} is not FANINSHM", &head[..8])));
+        // The magic is the writer's last word (a release store): the rest is there once
+        // it reads right.
+        let magic = self.u64_at(0).load(Ordering::Acquire).to_le_bytes();
+        if magic != MAGIC {
+            return Err(self.bad("magic", format!("{magic:?} is not FANINSHM")));
         }
+        let head = unsafe { std::slice::from_raw_parts(self.map.as_ptr(), 16) };
         let version = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
             return Err(self.bad("version", format!("{version}, this FLP reads {VERSION}")));
+        }
+        let header_len = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
+        if header_len as u64 != HEADER_LEN {
+            return Err(self.bad("header_len", format!("{header_len}, not {HEADER_LEN}")));
         }
         let (slots, slot_size) = (
             self.u64_at(SLOTS).load(Ordering::Acquire),
@@ -139,7 +146,6 @@ impl Mapping {
             err,
         })?;
         let head = unsafe { std::slice::from_raw_parts_mut(map.as_mut_ptr(), 16) };
-        head[..8].copy_from_slice(&MAGIC);
         head[8..12].copy_from_slice(&VERSION.to_le_bytes());
         head[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
         let m = Mapping {
@@ -150,6 +156,9 @@ impl Mapping {
         };
         m.u64_at(SLOTS).store(slots, Ordering::Release);
         m.u64_at(SLOT_SIZE).store(slot_size, Ordering::Release);
+        // Last, as the C and Python writers do: a reader that sees the magic sees the rest.
+        m.u64_at(0)
+            .store(u64::from_le_bytes(MAGIC), Ordering::Release);
         Ok(m)
     }
 

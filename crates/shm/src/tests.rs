@@ -127,6 +127,11 @@ fn bad_rings_and_writes_name_their_field() {
     bytes[..8].copy_from_slice(b"FANINSHX");
     std::fs::write(crate::ring_path(&n), &bytes).unwrap();
     assert_eq!(field(Reader::attach(&n).err().unwrap()), "magic");
+    bytes[..8].copy_from_slice(b"FANINSHM");
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    bytes[12..16].copy_from_slice(&8192u32.to_le_bytes());
+    std::fs::write(crate::ring_path(&n), &bytes).unwrap();
+    assert_eq!(field(Reader::attach(&n).err().unwrap()), "header_len");
     std::fs::remove_file(crate::ring_path(&n)).unwrap();
     assert!(
         matches!(Reader::attach(&n), Err(RingError::Io { .. })),

@@ -113,8 +113,8 @@ struct KeptRun {
 impl KeptRun {
     /// The run ended while this EPN was away, or goes on without it: what it still
     /// builds ends as at a RunStop, and its sinks close (their files and commands
-    /// finish) before the EPN goes or joins another run.
-    async fn end(self) {
+    /// finish) before the EPN goes or joins another run, within `wait`.
+    async fn end(self, wait: Duration) {
         drop(self._acceptor);
         let stop = Message::RunStop {
             run_id: self.run_id,
@@ -126,22 +126,22 @@ impl KeptRun {
             let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
             let _ = (&mut build.0).await;
         };
-        if tokio::time::timeout(KEPT_END_WAIT, stopped).await.is_err() {
-            tracing::warn!(
-                "EPN: the kept run's build did not stop within {KEPT_END_WAIT:?}; ending it"
-            );
+        if tokio::time::timeout(wait, stopped).await.is_err() {
+            tracing::warn!("EPN: the kept run's build did not stop within {wait:?}; ending it");
         }
     }
 }
 
 /// How long a kept run that ended may take to stop (its sinks to finish).
 const KEPT_END_WAIT: Duration = Duration::from_secs(30);
+/// The same while the ICN of the next run waits for this EPN's Ready.
+const KEPT_END_BEFORE_NEXT: Duration = Duration::from_secs(5);
 
 /// Ends the kept run, if any (its run ended: nothing to join).
 async fn end_kept(kept: &std::cell::RefCell<Option<KeptRun>>) {
     let k = kept.borrow_mut().take();
     if let Some(k) = k {
-        k.end().await;
+        k.end(KEPT_END_WAIT).await;
     }
 }
 
@@ -176,7 +176,7 @@ async fn run_once(
     let taken = kept.borrow_mut().take();
     let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
     if let Some(k) = ended {
-        k.end().await;
+        k.end(KEPT_END_BEFORE_NEXT).await;
     }
     let leader = crate::join::follow_leader(reg).await;
     let mut joined = joined;
@@ -322,7 +322,7 @@ async fn resume(
     match take_part(&k, &mut joined, icn, metrics).await {
         Ok(true) => follow(k, joined, icn, leader, metrics, reg, kept).await,
         Ok(false) => {
-            k.end().await; // stopped during the take-over
+            k.end(KEPT_END_WAIT).await; // stopped during the take-over
             Ok(joined.leave(Role::Epn, metrics).await?)
         }
         Err(e) => {

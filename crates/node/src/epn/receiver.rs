@@ -48,11 +48,12 @@ pub enum BuildEvent {
     Held(tokio::sync::oneshot::Sender<(Vec<TfId>, Vec<fanin_proto::TfReport>)>),
 }
 
-/// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay
-/// within the build-buffer limit, so the limit bounds the EPN's payload memory (held
-/// buffers are at most an eighth and `SLACK` larger than the bytes charged for them).
+/// What a payload buffer may hold beyond twice the bytes charged for it.
 const SLACK: usize = 4096;
 
+/// Reusable payload buffers. Idle buffers are kept only while held + idle bytes stay
+/// within the build-buffer limit, so the limit bounds the EPN's payload memory (a held
+/// buffer's capacity is at most twice, and `SLACK`, the bytes charged for it).
 pub struct BufPool {
     free: Mutex<(Vec<Vec<u8>>, u64)>,
     budget: Arc<ByteBudget>,
@@ -66,9 +67,10 @@ impl BufPool {
         }
     }
 
-    /// A buffer of `n` bytes. The budget charges `n`, so its capacity stays close to
-    /// that: a pooled buffer far larger is shrunk (a small STF must not pin a large
-    /// allocation), and one too small grows to `n` exactly, not by doubling.
+    /// A buffer of `n` bytes. The budget charges `n`, so its capacity stays within twice
+    /// that: a pooled buffer larger is shrunk (a small STF must not pin a large
+    /// allocation); one too small grows as a `Vec` does (at most doubling, so to less
+    /// than `2n`). Equal STF sizes, the common case, reuse buffers as they are.
     pub fn take(&self, n: usize) -> Vec<u8> {
         let mut v = {
             let mut g = self.free.lock().unwrap();
@@ -80,13 +82,12 @@ impl BufPool {
                 None => Vec::new(),
             }
         };
-        if v.capacity() > n + n / 8 + SLACK {
-            v.clear();
+        if v.capacity() > 2 * n + SLACK {
+            v.truncate(n);
             v.shrink_to(n);
         }
-        v.reserve_exact(n.saturating_sub(v.len()));
         v.resize(n, 0);
-        debug_assert!(v.capacity() <= n + n / 8 + SLACK);
+        debug_assert!(v.capacity() <= 2 * n + SLACK);
         v
     }
 
@@ -427,22 +428,23 @@ mod tests {
     use super::*;
 
     /// The budget charges what an STF needs: a buffer from the pool must not be much
-    /// larger (a small STF in a pooled 16 MiB buffer, a 10 MiB buffer grown by doubling).
+    /// larger (a small STF in a pooled 16 MiB buffer), and one of the right size is
+    /// reused as it is.
     #[test]
     fn a_pooled_buffer_holds_about_what_the_budget_charges_for_it() {
         let pool = BufPool::new(Arc::new(ByteBudget::new(64 << 20)));
-        pool.put(vec![0u8; 16 << 20]);
+        pool.put(vec![7u8; 16 << 20]);
         let small = pool.take(1024);
         assert_eq!(small.len(), 1024);
-        assert!(
-            small.capacity() <= 1024 + 128 + SLACK,
-            "{}",
-            small.capacity()
+        assert!(small.capacity() <= 2 * 1024 + SLACK, "{}", small.capacity());
+        let big = vec![7u8; 1 << 20];
+        let at = big.as_ptr();
+        pool.put(big);
+        let again = pool.take(1 << 20);
+        assert_eq!(
+            (again.as_ptr(), again.len()),
+            (at, 1 << 20),
+            "the same buffer"
         );
-        pool.put(vec![0u8; 10 << 20]);
-        let grown = pool.take(12 << 20);
-        assert_eq!(grown.len(), 12 << 20);
-        let most = (12 << 20) + (12 << 17) + SLACK;
-        assert!(grown.capacity() <= most, "{}", grown.capacity());
     }
 }

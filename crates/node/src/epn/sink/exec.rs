@@ -186,7 +186,7 @@ impl Running {
         // so its stdout closes and the forwarding thread ends.
         self.kill_group();
         if let Some(t) = self.forward.take() {
-            let _ = t.join();
+            join_forward(t);
         }
         match (
             status.code(),
@@ -196,6 +196,25 @@ impl Running {
             (None, Some(sig)) => format!("was killed by signal {sig}"),
             _ => format!("ended ({status})"),
         }
+    }
+}
+
+/// How long a stopped command's stdout may stay open (a process it started outside its
+/// group, `setsid`, may hold it): the sink does not wait for it longer.
+const FORWARD_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits for the forwarding thread to end, at most `FORWARD_WAIT`; after that it goes
+/// on alone until the stdout closes, and the sink goes on.
+fn join_forward(t: std::thread::JoinHandle<()>) {
+    let until = Instant::now() + FORWARD_WAIT;
+    while !t.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    match t.is_finished() {
+        true => drop(t.join()),
+        false => tracing::warn!(
+            "exec sink: the command's stdout is still open {FORWARD_WAIT:?} after it ended (a process outside its group holds it); its filtered output goes on being copied"
+        ),
     }
 }
 
@@ -214,4 +233,28 @@ fn forward_filtered(
             tracing::warn!("filtered output {}: {e}", path.display());
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command that leaves a process outside its group holding its stdout: the sink
+    /// still stops within a few seconds (the forwarding thread is not waited for).
+    #[test]
+    fn a_stdout_held_open_outside_the_group_does_not_hold_the_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = SinkCtx {
+            run_id: 1,
+            epn: 0,
+            metrics: crate::metrics::Metrics::new("epn", Some(0)),
+            on_failure: OnFailure::Restart,
+            exec_zero_copy: false,
+        };
+        let cmd = "setsid sleep 8 & sleep 0.3; cat > /dev/null";
+        let mut s = ExecSink::start(cmd, &ctx, Some(dir.path().to_path_buf())).unwrap();
+        let t0 = Instant::now();
+        s.finish().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    }
 }

@@ -166,6 +166,9 @@ impl Exec {
                 format!("stdout ended after {got} of {HEADER} bytes"),
             ));
         }
+        // What the command left running in its group goes with the source. Before the
+        // shell is reaped: its pid, the group's id, cannot be taken by another until then.
+        self.kill_group();
         let status = match self.child.try_wait() {
             Ok(Some(s)) => format!(", {s}"),
             _ => String::new(),
@@ -177,11 +180,55 @@ impl Exec {
     }
 }
 
-impl Drop for Exec {
-    fn drop(&mut self) {
-        // The command and whatever it started: one process group.
+impl Exec {
+    /// The command and whatever it started: one process group, while its shell is not
+    /// reaped (after that its id is no longer the command's).
+    fn kill_group(&self) {
         if let Some(pid) = self.child.id() {
+            // SAFETY: a plain signal to the group this source started.
             unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
         }
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        self.kill_group();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command that starts a helper in the background and ends: the helper goes with
+    /// the source's end, not with the FLP (which may run on for many runs).
+    #[tokio::test]
+    async fn what_the_command_left_running_ends_with_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("helper.pid");
+        let cmd = format!("sleep 60 >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+        let mut s = Exec::spawn(&cmd, 0, "FLP 0: source exec".into()).unwrap();
+        match s.next(1 << 20).await {
+            Ok(Event::Ended(what)) => assert!(what.contains("after 0 STFs"), "{what}"),
+            other => panic!("{:?}", other.map(|_| ()).map_err(|e| e.0)),
+        }
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Gone, or a zombie waiting for whoever adopted it.
+        let alive = || {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            !stat.is_empty() && !stat.contains(") Z ")
+        };
+        for _ in 0..100 {
+            if !alive() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!alive(), "the helper {pid} outlived its source");
     }
 }

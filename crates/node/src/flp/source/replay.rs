@@ -66,7 +66,7 @@ impl Replay {
         }
         let heads = whole
             .iter()
-            .map(|p| open_file(p).map_err(|e| anyhow::anyhow!("{what}: {}: {e}", p.display())))
+            .map(|p| open_file(p, me).map_err(|e| anyhow::anyhow!("{what}: {}: {e}", p.display())))
             .collect::<anyhow::Result<_>>()?;
         Ok(Replay {
             me,
@@ -176,21 +176,28 @@ impl Replay {
                 );
                 return Err(SourceError(msg));
             }
-            let mut payloads = rec.payloads;
-            h.next = Some((tf, Bytes::from(payloads.swap_remove(k))));
+            // Only this FLP's payloads are kept: the first is the one at `k`.
+            let Some(payload) = rec.payloads.into_iter().next() else {
+                let msg = format!(
+                    "{}: {}: TF {tf}: FLP {me}'s STF not read",
+                    self.what, h.path
+                );
+                return Err(SourceError(msg));
+            };
+            h.next = Some((tf, Bytes::from(payload)));
         }
         Ok(())
     }
 }
 
-fn open_file(path: &Path) -> Result<Head, String> {
+fn open_file(path: &Path, me: u32) -> Result<Head, String> {
     let mut f = File::open(path).map_err(|e| e.to_string())?;
     let mut head = [0u8; FILE_HEADER_LEN];
     std::io::Read::read_exact(&mut f, &mut head).map_err(|e| format!("file header: {e}"))?;
     decode_file_header(&head).map_err(|e| e.to_string())?;
     Ok(Head {
         path: path.display().to_string(),
-        reader: RecordReader::new(BufReader::new(f), MAX_STF_BYTES),
+        reader: RecordReader::new(BufReader::new(f), MAX_STF_BYTES).only_flp(me),
         next: None,
         done: false,
     })

@@ -352,7 +352,10 @@ impl IcnCore {
         }
         let (stays, moved_to) = self.stays_with(tf, g);
         match (g.reports.get(&tf), moved_to) {
-            (Some(&(epn, ref r)), to) if to.is_none_or(|to| to == epn) => {
+            // (A complete report ends its TF as it arrives: none waits here.)
+            (Some(&(epn, ref r)), to)
+                if to.is_none_or(|to| to == epn) || r.status == TfStatus::Complete =>
+            {
                 self.ledger.issue(tf, epn, now);
                 self.on_report(epn, r.clone());
                 return Carried::Reported;
