@@ -808,20 +808,24 @@ fn poll_now<F: std::future::Future>(f: F) -> Option<F::Output> {
 mod tests {
     use super::*;
 
+    /// FLP 0's sending context in run 1.
+    fn send_ctx(metrics: &Arc<Metrics>) -> Arc<SendCtx> {
+        Arc::new(SendCtx {
+            me: 0,
+            run_id: 1,
+            crc: false,
+            pattern: super::payload::Pattern::new(1, 0),
+            metrics: metrics.clone(),
+            secret: crate::auth::Secret::new(b"test"),
+        })
+    }
+
     /// A shell with no source, connected to EPN 0 only in name, sending 1 KiB STFs.
     fn shell() -> (Shell, mpsc::Receiver<(StfJob, bool)>) {
         let metrics = Metrics::new("flp", Some(0));
         let size = fanin_sched::StfSize::Fixed(1024);
         let core = FlpCore::new(0, (size, 1, false, false), 64 << 10, &[0], metrics.clone());
-        let ctx = Arc::new(SendCtx {
-            me: 0,
-            run_id: 1,
-            crc: false,
-            pattern: super::payload::Pattern::new(1, 0),
-            metrics,
-            secret: crate::auth::Secret::new(b"test"),
-        });
-        Shell::new(core, ctx, None, None)
+        Shell::new(core, send_ctx(&metrics), None, None)
     }
 
     /// A sender that hands its last job back and ends at once: the flush must take that
@@ -879,14 +883,7 @@ mod tests {
         let spec = SourceSpec::Shm { name: name.into() };
         let source = Source::open(&spec, 0, &prep, size).expect("the ring opens");
         let core = FlpCore::new(0, (size, 1, true, true), 64 << 10, &[0], metrics.clone());
-        let ctx = Arc::new(SendCtx {
-            me: 0,
-            run_id: 1,
-            crc: false,
-            pattern: super::payload::Pattern::new(1, 0),
-            metrics: metrics.clone(),
-            secret: crate::auth::Secret::new(b"test"),
-        });
+        let ctx = send_ctx(&metrics);
         (Shell::new(core, ctx, Some(source), None).0, metrics)
     }
 

@@ -261,17 +261,23 @@ fn on_data_take_over(id_base: u64, off: u64) {
     assert!(ended(&late).is_empty(), "{late:?}");
 }
 
-#[test]
-fn a_tf_building_at_two_epns_goes_on_where_the_flps_sent_it_and_the_other_drops_it() {
+/// A take-over of a run of 1 FLP and 2 EPNs, both back: the failed ICN had moved TF 10
+/// from EPN 0 (counted lost, but it kept its run) to EPN 1, where the FLP queued it last.
+fn moved_tf_take_over() -> H {
     let cfg = super::config(1, 2, |_| {});
     let mut h = H::make(cfg, 0, None, false, Some(earlier()));
     for e in 0..2 {
         h.register(epn_conn(e), Role::Epn, Some(e));
     }
     h.register(flp_conn(0), Role::Flp, Some(0));
-    // The failed ICN had moved TF 10 from EPN 0 (counted lost, but it kept its run) to
-    // EPN 1: the FLP queued it there last; both EPNs build it.
     h.msg(flp_conn(0), Message::StfsHeld(vec![held(10, 1)]));
+    h
+}
+
+#[test]
+fn a_tf_building_at_two_epns_goes_on_where_the_flps_sent_it_and_the_other_drops_it() {
+    let mut h = moved_tf_take_over();
+    // Both EPNs build it.
     for e in 0..2 {
         let building = Message::TfsHeld {
             building: vec![10],
@@ -299,13 +305,7 @@ fn a_tf_building_at_two_epns_goes_on_where_the_flps_sent_it_and_the_other_drops_
 #[test]
 fn a_stale_incomplete_report_yields_to_the_epn_the_tf_was_moved_to() {
     for reporter_first in [true, false] {
-        let cfg = super::config(1, 2, |_| {});
-        let mut h = H::make(cfg, 0, None, false, Some(earlier()));
-        for e in 0..2 {
-            h.register(epn_conn(e), Role::Epn, Some(e));
-        }
-        h.register(flp_conn(0), Role::Flp, Some(0));
-        h.msg(flp_conn(0), Message::StfsHeld(vec![held(10, 1)]));
+        let mut h = moved_tf_take_over();
         let stale = TfReport {
             tf_id: 10,
             status: TfStatus::Incomplete,
