@@ -19,7 +19,8 @@ use crate::conn::{read_frame_within, write_msg};
 /// How long a new connection has to prove itself (Challenge -> Register / DataHello).
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
 /// Connections proving themselves at once, in all (at least; twice the run's nodes for
-/// a larger run) and from one source address.
+/// a larger run) and from one source address (at least; half the pool for a larger run,
+/// so a run whose nodes share one address, on one host, all connect at once).
 pub const PENDING_MAX: usize = 64;
 pub const PENDING_PER_SOURCE: usize = 32;
 
@@ -28,6 +29,8 @@ pub struct Admission {
     pending: Mutex<Pending>,
     /// Places in the pool: `PENDING_MAX`, or more for a large run.
     capacity: usize,
+    /// Places one source address may hold: `PENDING_PER_SOURCE`, or half the pool.
+    per_source: usize,
     /// Refusals logged: at most `LOG_PER_SECOND` lines a second, the rest counted.
     pub log: LogLimit,
 }
@@ -41,15 +44,15 @@ struct Pending {
 
 impl Pending {
     /// Whose place a newcomer from `source` takes, if the pool has no room.
-    fn victim(&self, source: IpAddr, capacity: usize) -> Option<u64> {
+    fn victim(&self, source: IpAddr, (capacity, per_source_max): (usize, usize)) -> Option<u64> {
         let mut per_source: BTreeMap<IpAddr, (usize, u64)> = BTreeMap::new();
         for (t, (ip, _)) in &self.by_ticket {
             let e = per_source.entry(*ip).or_insert((0, *t));
             e.0 += 1; // tickets ascend: the first seen is the source's oldest
         }
         let own = per_source.get(&source).copied();
-        if let Some((n, oldest)) = own.filter(|(n, _)| *n >= PENDING_PER_SOURCE) {
-            debug_assert!(n >= PENDING_PER_SOURCE);
+        if let Some((n, oldest)) = own.filter(|(n, _)| *n >= per_source_max) {
+            debug_assert!(n >= per_source_max);
             return Some(oldest);
         }
         if self.by_ticket.len() < capacity {
@@ -121,21 +124,23 @@ impl Drop for Ticket {
 impl Admission {
     /// A pool for a listener that expects about `nodes` peers.
     pub fn new(nodes: usize) -> Arc<Admission> {
+        let capacity = PENDING_MAX.max(nodes.saturating_mul(2));
         Arc::new(Admission {
             pending: Mutex::new(Pending::default()),
-            capacity: PENDING_MAX.max(nodes.saturating_mul(2)),
+            capacity,
+            per_source: PENDING_PER_SOURCE.max(capacity / 2),
             log: LogLimit::new(LOG_PER_SECOND),
         })
     }
 
-    /// A place for a new connection from `peer`. When its source already holds
-    /// `PENDING_PER_SOURCE` places, its own oldest goes; when the pool is full, the oldest
+    /// A place for a new connection from `peer`. When its source already holds its
+    /// share of places, its own oldest goes; when the pool is full, the oldest
     /// of the source holding the most places goes (a flood evicts itself first). The
     /// ticket leaves the pool when dropped (handshake over).
     pub fn enter(self: &Arc<Self>, peer: SocketAddr) -> Ticket {
         let (tx, rx) = oneshot::channel();
         let mut p = self.pending.lock().unwrap();
-        let victim = p.victim(peer.ip(), self.capacity);
+        let victim = p.victim(peer.ip(), (self.capacity, self.per_source));
         if let Some(v) = victim {
             p.by_ticket.remove(&v); // dropping its sender ends that handshake (it counts)
         }
@@ -251,6 +256,21 @@ mod tests {
             Err(oneshot::error::TryRecvError::Empty)
         );
         assert_eq!(pool.pending(), PENDING_MAX);
+    }
+
+    /// 40 FLPs on one host reach an EPN's data port at once (a run's pre-run): none is
+    /// evicted by another, though they share one address.
+    #[test]
+    fn a_run_whose_nodes_share_one_address_all_connect_at_once() {
+        let pool = Admission::new(40);
+        let mut t: Vec<Ticket> = (0..40u16)
+            .map(|i| pool.enter(addr([127, 0, 0, 1], 5000 + i)))
+            .collect();
+        for x in &mut t {
+            let e = x.evicted.try_recv();
+            assert_eq!(e, Err(oneshot::error::TryRecvError::Empty));
+        }
+        assert_eq!(pool.pending(), 40);
     }
 
     #[test]

@@ -100,9 +100,9 @@ impl Reply {
 /// The largest request body a node reads (a run configuration fits many times over).
 pub const MAX_BODY: usize = 256 << 10;
 
-/// HTTP connections served at once (more wait to be accepted): with `MAX_BODY`, what
-/// strangers can make a node hold.
-const MAX_HTTP: usize = 32;
+/// The longest one HTTP exchange may take, reply included (a client that never reads
+/// holds its place no longer).
+const HTTP_EXCHANGE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The largest request head (request line and headers).
 const MAX_HEAD: usize = 16 * 1024;
@@ -359,20 +359,24 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
         .await
         .map_err(|e| anyhow::anyhow!("metrics bind {bind}: {e}"))?;
     let local = listener.local_addr()?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HTTP));
+    // Connections being served share an admission pool (64 places, 32 per source, with
+    // `MAX_BODY` what strangers can make a node hold): a newcomer evicts the oldest, of
+    // its own source first, so idle connections never keep an operator's request out.
+    let pool = crate::admission::Admission::new(0);
     tokio::spawn(async move {
         loop {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let Ok((s, _)) = listener.accept().await else {
+            let Ok((s, peer)) = listener.accept().await else {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             };
+            let mut ticket = pool.enter(peer);
             let m = metrics.clone();
             tokio::spawn(async move {
-                answer(s, m).await;
-                drop(slot);
+                let exchange = tokio::time::timeout(HTTP_EXCHANGE, answer(s, m));
+                tokio::select! {
+                    _ = exchange => {}
+                    _ = &mut ticket.evicted => {}
+                }
             });
         }
     });
@@ -504,6 +508,33 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    /// 100 connections that never speak hold the metrics port: a request still gets
+    /// its answer at once, not after their 5 s read time-out.
+    #[tokio::test]
+    async fn idle_connections_never_keep_a_request_out() {
+        let m = super::Metrics::new("epn", Some(0));
+        let at = super::serve("127.0.0.1:0".parse().unwrap(), m)
+            .await
+            .unwrap();
+        let idle: Vec<std::net::TcpStream> = (0..100)
+            .map(|_| std::net::TcpStream::connect(at).unwrap())
+            .collect();
+        let reply = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(at).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+                .unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut got = String::new();
+            let _ = s.read_to_string(&mut got);
+            got
+        });
+        let got = reply.await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got:?}");
+        drop(idle);
+    }
+
     use super::*;
 
     #[test]
