@@ -80,6 +80,11 @@ pub struct Silent {
 }
 
 impl Ticket {
+    /// Its number: unique among the pool's connections.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The handshake's first half, the same on every listener: the Challenge out, then
     /// the peer's first frame within the deadline, unless a newcomer evicts this
     /// connection first (a frame that came in time wins). `None`: it left without a word.

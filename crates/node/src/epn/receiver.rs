@@ -1,7 +1,7 @@
 //! EPN data connections: the DataHello handshake, then STF frames read straight into
 //! pooled buffers under the build-buffer limit. A bad FLP connection is closed alone.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -112,7 +112,9 @@ pub struct DataCtx {
     pub pool: Arc<BufPool>,
     pub builder: mpsc::Sender<BuildEvent>,
     pub metrics: Arc<Metrics>,
-    pub connected: Mutex<HashSet<FlpId>>,
+    /// Each FLP's data connection: its number, and the switch that closes it when a newer
+    /// one of the same FLP proves itself.
+    pub connected: Mutex<HashMap<FlpId, (u64, tokio::sync::oneshot::Sender<()>)>>,
     /// The run secret each FLP proves in its DataHello.
     pub secret: crate::auth::Secret,
     /// Connections still in their handshake.
@@ -162,8 +164,8 @@ impl DataError {
     }
 }
 
-/// Why a DataHello is refused, or `None`: it proves the secret for this run, names an
-/// FLP of the run, and that FLP is not connected yet (then it is, from now on).
+/// Why a DataHello is refused, or `None`: it proves the secret for this run and names an
+/// FLP of the run.
 fn refusal(
     ctx: &DataCtx,
     nonce: &Nonce,
@@ -179,13 +181,30 @@ fn refusal(
     } else if flp_id >= ctx.flps {
         let why = format!("unknown FLP id {flp_id} (run has FLPs 0..{})", ctx.flps);
         Some((RejectCode::UnknownId, why))
-    } else if !ctx.connected.lock().unwrap().insert(flp_id) {
-        Some((
-            RejectCode::IdInUse,
-            format!("FLP {flp_id} is already connected"),
-        ))
     } else {
         None
+    }
+}
+
+/// A proven FLP's connection from now on. An older one of the same FLP is closed: only a
+/// member of the run proves the secret, and one restarted after its host died would
+/// otherwise be kept out by a connection nobody will ever close (no byte comes on it).
+fn claim(ctx: &DataCtx, flp: FlpId, conn: u64) -> tokio::sync::oneshot::Receiver<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if let Some((_, older)) = ctx.connected.lock().unwrap().insert(flp, (conn, tx)) {
+        let _ = older.send(());
+        let me = ctx.me;
+        tracing::warn!("EPN {me}: FLP {flp} connected again; its older data connection is closed");
+        ctx.metrics.error("data_connection_replaced");
+    }
+    rx
+}
+
+/// The connection `conn` of `flp` ended: it is no longer the FLP's (unless replaced).
+fn unclaim(ctx: &DataCtx, flp: FlpId, conn: u64) {
+    let mut connected = ctx.connected.lock().unwrap();
+    if connected.get(&flp).is_some_and(|(c, _)| *c == conn) {
+        connected.remove(&flp);
     }
 }
 
@@ -253,22 +272,23 @@ async fn serve_flp(
     let Some(flp) = handshake(&mut rd, &mut wr, &mut ticket, ctx).await? else {
         return Ok(()); // connected and left without a word
     };
+    let conn = ticket.id();
     drop(ticket);
     let Ok(_member) = members.clone().try_acquire_owned() else {
-        ctx.connected.lock().unwrap().remove(&flp);
         ctx.metrics.error("too_many_connections");
         return Err(format!("FLP {flp}: every data connection place is taken"));
     };
+    let mut replaced = claim(ctx, flp, conn);
     if let Err(e) = wr
         .write_all(&Message::DataHelloAck { epn_id: ctx.me }.encode())
         .await
     {
-        ctx.connected.lock().unwrap().remove(&flp);
+        unclaim(ctx, flp, conn);
         return Err(e.to_string());
     }
     tracing::debug!("EPN {}: FLP {flp} connected from {peer}", ctx.me);
-    let res = read_stfs(&mut rd, &mut lowat, flp, ctx).await;
-    ctx.connected.lock().unwrap().remove(&flp);
+    let res = read_stfs(&mut rd, &mut lowat, (flp, &mut replaced), ctx).await;
+    unclaim(ctx, flp, conn);
     match res {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -278,28 +298,41 @@ async fn serve_flp(
     }
 }
 
+/// Reads STFs until the FLP closes the connection, or a newer connection of the same FLP
+/// proved itself (`replaced`: checked while reading, never while handing an STF on).
 async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     lowat: &mut RecvLowat,
-    flp: FlpId,
+    (flp, replaced): (FlpId, &mut tokio::sync::oneshot::Receiver<()>),
     ctx: &DataCtx,
 ) -> Result<(), DataError> {
     let max_body = (STF_HEADER_LEN as u64 + ctx.max_stf).min(u32::MAX as u64) as u32;
     let mut scratch = vec![0u8; 64 * 1024];
     let received = ctx.metrics.stf_counter("received", "received");
     let build = ctx.metrics.buffer_gauge("epn_build");
-    while let Some((sh, n)) = read_stf_header(rd, flp, ctx, max_body).await? {
+    let gone = || DataError::Peer("a newer connection of this FLP proved itself".into());
+    loop {
+        let next = tokio::select! {
+            h = read_stf_header(rd, flp, ctx, max_body) => h?,
+            _ = &mut *replaced => return Err(gone()),
+        };
+        let Some((sh, n)) = next else { break };
         ctx.metrics.count_stf(&received, n as u64);
         let ev = if ctx.budget.try_reserve(n as u64) {
-            keep_stf(rd, lowat, &build, flp, ctx, &sh, n).await?
+            let reserved = Reserved(&ctx.budget, n as u64);
+            tokio::select! {
+                ev = keep_stf(rd, lowat, &build, (flp, ctx), &sh, reserved) => ev?,
+                _ = &mut *replaced => return Err(gone()),
+            }
         } else {
             // Build buffer full: the named policy is to drop the TF, reading the bytes away.
             let mut left = n;
             while left > 0 {
                 let k = left.min(scratch.len());
-                rd.read_exact(&mut scratch[..k])
-                    .await
-                    .map_err(ConnError::from)?;
+                tokio::select! {
+                    r = rd.read_exact(&mut scratch[..k]) => r.map_err(ConnError::from)?,
+                    _ = &mut *replaced => return Err(gone()),
+                };
                 left -= k;
             }
             ctx.metrics.stf("dropped", Reason::EpnBufferFull.name(), 1);
@@ -312,6 +345,23 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
         send(ctx, ev).await;
     }
     Ok(())
+}
+
+/// Bytes reserved in the build buffer for one payload: given back when dropped (a read
+/// that failed or was cut short, a bad CRC) unless handed on with the payload.
+struct Reserved<'a>(&'a ByteBudget, u64);
+
+impl Reserved<'_> {
+    /// The payload goes on to the builder, which gives the bytes back once it is done.
+    fn hand_on(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
 }
 
 /// The next STF's header and payload length, checked against the connection's FLP and
@@ -359,22 +409,22 @@ async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
     rd: &mut BufReader<R>,
     lowat: &mut RecvLowat,
     build: &BufferGauge,
-    flp: FlpId,
-    ctx: &DataCtx,
+    (flp, ctx): (FlpId, &DataCtx),
     sh: &StfHeader,
-    n: usize,
+    reserved: Reserved<'_>,
 ) -> Result<BuildEvent, DataError> {
+    let n = reserved.1 as usize;
     let mut buf = ctx.pool.take(n);
     let read = read_payload(rd, lowat, &mut buf).await;
     if !matches!(read, Ok(true)) && n > 0 {
         // The FLP went away mid-STF: give the bytes back before leaving.
-        ctx.budget.release(n as u64);
+        drop(reserved);
         ctx.pool.put(buf);
         return Err(read.err().unwrap_or(ConnError::Eof).into());
     }
     build.set(ctx.budget.used(), ctx.budget.limit());
     if sh.crc.is_some_and(|crc| crc32c::crc32c(&buf) != crc) {
-        ctx.budget.release(n as u64);
+        drop(reserved);
         ctx.pool.put(buf);
         ctx.metrics.stf("crc_error", "", 1);
         let (me, tf) = (ctx.me, sh.tf_id);
@@ -385,6 +435,7 @@ async fn keep_stf<R: tokio::io::AsyncRead + Unpin>(
             reason: Reason::CrcError,
         });
     }
+    reserved.hand_on();
     Ok(BuildEvent::Stf {
         tf: sh.tf_id,
         flp,
@@ -426,6 +477,55 @@ async fn send(ctx: &DataCtx, ev: BuildEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// FLP 0 connects to an EPN, then (restarted after its host died, say) again while
+    /// the first connection is still open: the newer one is taken, the older closed.
+    #[tokio::test]
+    async fn a_newer_proven_connection_of_an_flp_replaces_the_older() {
+        let budget = Arc::new(ByteBudget::new(1 << 20));
+        let (builder, _events) = mpsc::channel(16);
+        let metrics = Metrics::new("epn", Some(0));
+        let secret = crate::auth::Secret::new(b"run secret");
+        let ctx = Arc::new(DataCtx {
+            me: 0,
+            run_id: 1,
+            flps: 2,
+            max_stf: 1 << 16,
+            pool: Arc::new(BufPool::new(budget.clone())),
+            budget,
+            builder,
+            metrics: metrics.clone(),
+            connected: Default::default(),
+            secret: secret.clone(),
+            admission: Admission::new(2),
+        });
+        let listener = Arc::new(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let at = listener.local_addr().unwrap();
+        tokio::spawn(accept_loop(listener, ctx));
+        let flp = crate::flp::sender::SendCtx {
+            me: 0,
+            run_id: 1,
+            crc: false,
+            pattern: crate::flp::payload::Pattern::new(1, 0),
+            metrics: metrics.clone(),
+            secret,
+        };
+        let connect = crate::flp::sender::connect_epn;
+        let mut older = connect(&flp, 0, at, None)
+            .await
+            .expect("the first connection");
+        let _newer = connect(&flp, 0, at, None)
+            .await
+            .expect("the second, taken too");
+        let mut b = [0u8; 1];
+        let wait = std::time::Duration::from_secs(10);
+        let read = tokio::time::timeout(wait, older.read(&mut b)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "the older is closed"
+        );
+        assert_eq!(metrics.counter("errors.data_connection_replaced"), 1);
+    }
 
     /// The budget charges what an STF needs: a buffer from the pool must not be much
     /// larger (a small STF in a pooled 16 MiB buffer), and one of the right size is
