@@ -115,23 +115,28 @@ pub async fn locate_icn(
     }
 }
 
-/// Does a kept run go on with the ICN that answered a Register? Only if that ICN took
-/// this very run over (`resume` for the run kept); any other answer ends the kept run
-/// and a new one starts. The one rule for the runtime's nodes and the simulator's.
-pub fn resumes_kept(resume: bool, answered_run: u64, kept_run: u64) -> bool {
-    resume && answered_run == kept_run
+/// Does a kept run end once an ICN answered a Register? `None`: it goes on, as that ICN
+/// took this very run over (`resume` for the run kept). `Some(over)`: it ends and a new
+/// one starts; `over` unless the same run answered (joined afresh). The one rule for
+/// the runtime's nodes and the simulator's.
+pub fn kept_run_ends(resume: bool, answered_run: u64, kept_run: u64) -> Option<bool> {
+    let goes_on = resume && answered_run == kept_run;
+    (!goes_on).then_some(answered_run != kept_run)
 }
 
-/// A kept run, once an ICN answered: the one that goes on (`resumes_kept`), or the one
-/// that ends (the caller ends it before anything else).
+/// A kept run, once an ICN answered: the one that goes on, or the one that ends, with
+/// whether its run is over (`kept_run_ends`; the caller ends it before anything else).
 pub fn goes_on<K>(
     kept: Option<K>,
     run_of: impl Fn(&K) -> u64,
     joined: &Joined,
-) -> (Option<K>, Option<K>) {
-    match kept {
-        Some(k) if resumes_kept(joined.resume, joined.run_id, run_of(&k)) => (Some(k), None),
-        other => (None, other),
+) -> (Option<K>, Option<(K, bool)>) {
+    let Some(k) = kept else {
+        return (None, None);
+    };
+    match kept_run_ends(joined.resume, joined.run_id, run_of(&k)) {
+        None => (Some(k), None),
+        Some(over) => (None, Some((k, over))),
     }
 }
 

@@ -175,7 +175,7 @@ async fn run_once(
     // they learn of this EPN only after this answer).
     let taken = kept.borrow_mut().take();
     let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
-    if let Some(k) = ended {
+    if let Some((k, _)) = ended {
         k.end(KEPT_END_BEFORE_NEXT).await;
     }
     let leader = crate::join::follow_leader(reg).await;

@@ -310,29 +310,19 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
     let mut scratch = vec![0u8; 64 * 1024];
     let received = ctx.metrics.stf_counter("received", "received");
     let build = ctx.metrics.buffer_gauge("epn_build");
-    let gone = || DataError::Peer("a newer connection of this FLP proved itself".into());
-    loop {
-        let next = tokio::select! {
-            h = read_stf_header(rd, flp, ctx, max_body) => h?,
-            _ = &mut *replaced => return Err(gone()),
-        };
-        let Some((sh, n)) = next else { break };
+    while let Some((sh, n)) = unless(replaced, read_stf_header(rd, flp, ctx, max_body)).await? {
         ctx.metrics.count_stf(&received, n as u64);
         let ev = if ctx.budget.try_reserve(n as u64) {
             let reserved = Reserved(&ctx.budget, n as u64);
-            tokio::select! {
-                ev = keep_stf(rd, lowat, &build, (flp, ctx), &sh, reserved) => ev?,
-                _ = &mut *replaced => return Err(gone()),
-            }
+            let keep = keep_stf(rd, lowat, &build, (flp, ctx), &sh, reserved);
+            unless(replaced, keep).await?
         } else {
             // Build buffer full: the named policy is to drop the TF, reading the bytes away.
             let mut left = n;
             while left > 0 {
                 let k = left.min(scratch.len());
-                tokio::select! {
-                    r = rd.read_exact(&mut scratch[..k]) => r.map_err(ConnError::from)?,
-                    _ = &mut *replaced => return Err(gone()),
-                };
+                let read = rd.read_exact(&mut scratch[..k]);
+                unless(replaced, async { Ok(read.await.map_err(ConnError::from)?) }).await?;
                 left -= k;
             }
             ctx.metrics.stf("dropped", Reason::EpnBufferFull.name(), 1);
@@ -345,6 +335,18 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
         send(ctx, ev).await;
     }
     Ok(())
+}
+
+/// A read of the connection, unless a newer connection of the same FLP proves itself
+/// first (the read is then dropped; a payload's reservation goes back with `Reserved`).
+async fn unless<T>(
+    replaced: &mut tokio::sync::oneshot::Receiver<()>,
+    read: impl std::future::Future<Output = Result<T, DataError>>,
+) -> Result<T, DataError> {
+    tokio::select! {
+        r = read => r,
+        _ = replaced => Err(DataError::Peer("a newer connection of this FLP proved itself".into())),
+    }
 }
 
 /// Bytes reserved in the build buffer for one payload: given back when dropped (a read

@@ -409,7 +409,11 @@ impl FlpCore {
 
     fn on_assign(&mut self, tf: TfId, epn: EpnId) {
         let queue = self.queues.get(&epn).map(|q| q.id);
-        match self.kept.get(&tf).copied() {
+        let kept = self.kept.get_mut(&tf).map(|k| {
+            k.scheduled = true;
+            *k
+        });
+        match kept {
             // Assigned again to the same connection (a late or repeated announcement).
             // Pull mode: its transfer ends now, unless a send of it is still under way
             // (that one's end is reported).
@@ -432,9 +436,6 @@ impl FlpCore {
                 self.transfer_ended(tf, epn);
             }
             None => self.enqueue(tf, epn),
-        }
-        if let Some(k) = self.kept.get_mut(&tf) {
-            k.scheduled = true;
         }
     }
 
@@ -499,7 +500,14 @@ impl FlpCore {
         }
         self.publish();
         if self.retain {
-            self.kept.insert(tf, Kept::new(n, None));
+            let scheduled = true; // it is queued for its Assign
+            self.kept.insert(
+                tf,
+                Kept {
+                    scheduled,
+                    ..Kept::new(n, None)
+                },
+            );
         }
         self.queue(tf, epn, n);
     }

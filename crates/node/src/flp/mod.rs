@@ -162,8 +162,8 @@ async fn run_once(
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
     let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
-    if let Some(k) = ended {
-        k.shell.abandon(k.run_id != joined.run_id).await;
+    if let Some((k, over)) = ended {
+        k.shell.abandon(over).await;
     }
     let leader = crate::join::follow_leader(reg).await;
     let started = match taken {
@@ -546,15 +546,14 @@ impl Shell {
 
     /// Its run goes on no more here (`Input::RunLost`).
     async fn abandon(mut self, over: bool) {
-        let tasks = std::mem::take(&mut self.tasks);
-        self.give_back(tasks, over).await;
+        self.give_back(over).await;
     }
 
     /// The senders are stopped and waited for (none reads a payload after), then the
     /// core says which STFs are freed (`Input::RunLost`).
-    async fn give_back(&mut self, tasks: Vec<AbortOnDrop<()>>, over: bool) {
+    async fn give_back(&mut self, over: bool) {
         self.senders.clear();
-        for mut t in tasks {
+        for mut t in std::mem::take(&mut self.tasks) {
             t.0.abort();
             let _ = (&mut t.0).await;
         }
@@ -781,7 +780,8 @@ impl Shell {
         );
         self.ctx.metrics.error("flush_timeout");
         // What the ICN released goes back once the stalled sends are stopped.
-        self.give_back(tasks, false).await;
+        self.tasks = tasks;
+        self.give_back(false).await;
     }
 }
 

@@ -183,7 +183,7 @@ impl World {
                 resume, run_id: id, ..
             } if !told => {
                 self.registered(conn);
-                if !fanin_node::join::resumes_kept(resume, id, run_id) {
+                if fanin_node::join::kept_run_ends(resume, id, run_id).is_some() {
                     return self.fresh_start(end, conn);
                 }
                 let run = self.epn_run(i).expect("a kept run");

@@ -361,9 +361,9 @@ impl World {
             Message::RegisterAck { resume, run_id, .. } if !told => {
                 self.registered(conn);
                 let run = self.flp_run(i).expect("a kept run");
-                if !fanin_node::join::resumes_kept(resume, run_id, run.run_id) {
+                let ends = fanin_node::join::kept_run_ends(resume, run_id, run.run_id);
+                if let Some(over) = ends {
                     // As `fanin flp`: the kept run is lost (its sends end with it).
-                    let over = run_id != run.run_id;
                     run.core.handle(Input::RunLost { over });
                     return self.fresh_start(end, conn);
                 }

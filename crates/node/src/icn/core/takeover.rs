@@ -351,11 +351,10 @@ impl IcnCore {
             self.ondata.mark_scheduled(tf);
         }
         let (stays, moved_to) = self.stays_with(tf, g);
+        // A gathered report is never complete: one ends its TF as it arrives.
         match (g.reports.get(&tf), moved_to) {
-            // (A complete report ends its TF as it arrives: none waits here.)
-            (Some(&(epn, ref r)), to)
-                if to.is_none_or(|to| to == epn) || r.status == TfStatus::Complete =>
-            {
+            (Some(&(epn, ref r)), to) if to.is_none_or(|to| to == epn) => {
+                debug_assert!(r.status != TfStatus::Complete, "ended on arrival");
                 self.ledger.issue(tf, epn, now);
                 self.on_report(epn, r.clone());
                 return Carried::Reported;
