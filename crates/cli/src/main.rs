@@ -518,6 +518,9 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // A node holds a socket per peer: take every open file the system allows.
+    let files = fanin_node::fdlimit::raise();
+    tracing::debug!("open-file limit {files}");
     // One thread runs the command and all its tasks (no wake-ups across threads, each of
     // which costs a futex and, on a VM, an IPI); more threads get a multi-thread runtime.
     let mut rt = match cli.threads {

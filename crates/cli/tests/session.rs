@@ -154,6 +154,43 @@ fn nodes_wait_while_the_icn_is_idle_and_leave_on_exit() {
     assert!(s.icn.wait(20).success());
 }
 
+/// 300 connections that never speak, held open, to an ICN allowed 128 open files: its
+/// handshake pool stays within its share of them (the flood evicts itself), so the ICN
+/// never runs out of files, and a 2-FLP, 2-EPN run registers, runs and stops meanwhile.
+#[test]
+fn a_flood_larger_than_the_icns_open_files_keeps_no_node_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut s = start_session_with_files(dir, Some(128));
+    let flood: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(s.control).unwrap())
+        .collect();
+    let mut nodes = vec![
+        node(dir, &s, "flp", "flp-a", &[]),
+        node(dir, &s, "flp", "flp-b", &[]),
+        node(dir, &s, "epn", "epn-a", &[]),
+        node(dir, &s, "epn", "epn-b", &[]),
+    ];
+    let run_a = repo_root().join("examples/session/run-a.toml");
+    ok(s.http, &s.secret, &["configure", run_a.to_str().unwrap()]);
+    assert_eq!(ok(s.http, &s.secret, &["start"]), "run 1 started");
+    run_until(&s, 50);
+    let m = http_get(s.http, "/metrics").unwrap_or_default();
+    let errors = |kind: &str| metric(&m, &["protocol_errors_total", &format!("\"{kind}\"")]);
+    assert_eq!(errors("accept"), 0.0, "the ICN never ran out of open files");
+    assert!(
+        errors("handshake_evicted") >= 100.0,
+        "the flood evicted itself"
+    );
+    assert_eq!(summary(dir, 1)["invariant_ok"], true);
+    drop(flood);
+    ok(s.http, &s.secret, &["exit"]);
+    for p in &mut nodes {
+        assert!(p.wait(30).success(), "{} failed", p.name);
+    }
+    assert!(s.icn.wait(20).success());
+}
+
 /// Waits until `name`'s log holds `what`.
 fn log_says(dir: &Path, name: &str, what: &str) {
     let until = Instant::now() + Duration::from_secs(30);

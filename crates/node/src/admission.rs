@@ -15,6 +15,7 @@ use fanin_proto::{Message, Nonce, MAX_CONTROL_BODY};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::conn::{read_frame_within, write_msg};
+use crate::metrics::Metrics;
 
 /// How long a new connection has to prove itself (Challenge -> Register / DataHello).
 pub const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(5);
@@ -45,11 +46,7 @@ struct Pending {
 impl Pending {
     /// Whose place a newcomer from `source` takes, if the pool has no room.
     fn victim(&self, source: IpAddr, (capacity, per_source_max): (usize, usize)) -> Option<u64> {
-        let mut per_source: BTreeMap<IpAddr, (usize, u64)> = BTreeMap::new();
-        for (t, (ip, _)) in &self.by_ticket {
-            let e = per_source.entry(*ip).or_insert((0, *t));
-            e.0 += 1; // tickets ascend: the first seen is the source's oldest
-        }
+        let per_source = self.per_source();
         let own = per_source.get(&source).copied();
         if let Some((n, oldest)) = own.filter(|(n, _)| *n >= per_source_max) {
             debug_assert!(n >= per_source_max);
@@ -58,6 +55,21 @@ impl Pending {
         if self.by_ticket.len() < capacity {
             return None;
         }
+        Self::oldest_of_largest(&per_source)
+    }
+
+    /// Each source's places and its oldest ticket.
+    fn per_source(&self) -> BTreeMap<IpAddr, (usize, u64)> {
+        let mut per_source: BTreeMap<IpAddr, (usize, u64)> = BTreeMap::new();
+        for (t, (ip, _)) in &self.by_ticket {
+            let e = per_source.entry(*ip).or_insert((0, *t));
+            e.0 += 1; // tickets ascend: the first seen is the source's oldest
+        }
+        per_source
+    }
+
+    /// The oldest ticket of the source holding the most places (a flood's own).
+    fn oldest_of_largest(per_source: &BTreeMap<IpAddr, (usize, u64)>) -> Option<u64> {
         per_source
             .values()
             .max_by_key(|(n, oldest)| (*n, std::cmp::Reverse(*oldest)))
@@ -127,13 +139,19 @@ impl Drop for Ticket {
 }
 
 impl Admission {
-    /// A pool for a listener that expects about `nodes` peers.
+    /// A pool for a listener that expects about `nodes` peers, within its share of the
+    /// process's open files (`fdlimit::pending_room`).
     pub fn new(nodes: usize) -> Arc<Admission> {
-        let capacity = PENDING_MAX.max(nodes.saturating_mul(2));
+        Self::with_room(nodes, crate::fdlimit::pending_room())
+    }
+
+    /// A pool for about `nodes` peers with at most `room` places.
+    pub fn with_room(nodes: usize, room: usize) -> Arc<Admission> {
+        let capacity = PENDING_MAX.max(nodes.saturating_mul(2)).min(room).max(1);
         Arc::new(Admission {
             pending: Mutex::new(Pending::default()),
             capacity,
-            per_source: PENDING_PER_SOURCE.max(capacity / 2),
+            per_source: PENDING_PER_SOURCE.max(capacity / 2).min(capacity),
             log: LogLimit::new(LOG_PER_SECOND),
         })
     }
@@ -163,6 +181,33 @@ impl Admission {
     /// Connections in their handshake now.
     pub fn pending(&self) -> usize {
         self.pending.lock().unwrap().by_ticket.len()
+    }
+
+    /// Makes room when `accept` failed for want of open files: the oldest connection of
+    /// the source holding the most places goes, as when the pool is full. False: none
+    /// is in its handshake, so nothing here can free a file.
+    pub fn shed(&self) -> bool {
+        let mut p = self.pending.lock().unwrap();
+        let victim = Pending::oldest_of_largest(&p.per_source());
+        victim.is_some_and(|v| p.by_ticket.remove(&v).is_some())
+    }
+
+    /// What an accept loop does after `accept` failed (`what` names the listener):
+    /// counted and logged (at a bounded rate); out of open files, a connection still
+    /// proving itself is shed and the loop goes on after a moment for it to close,
+    /// else it waits a little before accepting again.
+    pub async fn after_accept_error(&self, e: &std::io::Error, what: &str, metrics: &Metrics) {
+        metrics.error("accept");
+        let out_of_files = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        let shed = out_of_files && self.shed();
+        self.log.warn(|| match shed {
+            true => format!(
+                "{what}: accept failed: {e}; the oldest unproven connection is closed to make room"
+            ),
+            false => format!("{what}: accept failed: {e}"),
+        });
+        let pause = if shed { 2 } else { 50 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 
@@ -221,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_full_pool_evicts_the_oldest_and_never_grows() {
-        let pool = Admission::new(0);
+        let pool = Admission::with_room(0, usize::MAX);
         let mut tickets: Vec<Ticket> = (0..PENDING_PER_SOURCE as u16)
             .map(|i| pool.enter(addr([10, 0, 0, 1], i)))
             .collect();
@@ -250,7 +295,7 @@ mod tests {
 
     #[test]
     fn a_flood_from_two_sources_evicts_itself_not_a_third_source() {
-        let pool = Admission::new(0);
+        let pool = Admission::with_room(0, usize::MAX);
         let mut real = pool.enter(addr([10, 0, 0, 9], 1));
         let mut flood = Vec::new();
         for i in 0..1000u16 {
@@ -267,7 +312,7 @@ mod tests {
     /// evicted by another, though they share one address.
     #[test]
     fn a_run_whose_nodes_share_one_address_all_connect_at_once() {
-        let pool = Admission::new(40);
+        let pool = Admission::with_room(40, usize::MAX);
         let mut t: Vec<Ticket> = (0..40u16)
             .map(|i| pool.enter(addr([127, 0, 0, 1], 5000 + i)))
             .collect();
@@ -280,12 +325,44 @@ mod tests {
 
     #[test]
     fn a_large_run_gets_a_larger_pool() {
-        let pool = Admission::new(300);
+        let pool = Admission::with_room(300, usize::MAX);
         let t: Vec<Ticket> = (0..600u16)
             .map(|i| pool.enter(addr([10, 1, (i / 20) as u8, 1], i)))
             .collect();
         assert_eq!(pool.pending(), 600);
         drop(t);
+    }
+
+    #[test]
+    fn a_pool_never_takes_more_than_its_share_of_open_files() {
+        let pool = Admission::with_room(300, 32);
+        let t: Vec<Ticket> = (0..100u16)
+            .map(|i| pool.enter(addr([10, 1, (i / 20) as u8, 1], i)))
+            .collect();
+        assert_eq!(pool.pending(), 32);
+        drop(t);
+        // One source may still fill it (a run on one host), never more.
+        let t: Vec<Ticket> = (0..40u16)
+            .map(|i| pool.enter(addr([127, 0, 0, 1], i)))
+            .collect();
+        assert_eq!(pool.pending(), 32);
+        drop(t);
+    }
+
+    #[test]
+    fn out_of_open_files_the_flood_is_shed_first() {
+        let pool = Admission::with_room(0, usize::MAX);
+        assert!(!pool.shed(), "nothing to shed in an empty pool");
+        let mut real = pool.enter(addr([10, 0, 0, 9], 1));
+        let mut flood: Vec<Ticket> = (0..5u16)
+            .map(|i| pool.enter(addr([10, 0, 0, 1], i)))
+            .collect();
+        assert!(pool.shed());
+        let gone =
+            |t: &mut Ticket| t.evicted.try_recv() == Err(oneshot::error::TryRecvError::Closed);
+        assert!(gone(&mut flood[0]), "the flood's oldest goes");
+        assert!(!gone(&mut real) && !gone(&mut flood[1]));
+        assert_eq!(pool.pending(), 5);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod budget;
 pub mod config;
 pub mod conn;
 pub mod epn;
+pub mod fdlimit;
 pub mod flp;
 pub mod host;
 pub mod icn;

@@ -365,9 +365,12 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
     let pool = crate::admission::Admission::new(0);
     tokio::spawn(async move {
         loop {
-            let Ok((s, peer)) = listener.accept().await else {
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
+            let (s, peer) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    pool.after_accept_error(&e, "metrics port", &metrics).await;
+                    continue;
+                }
             };
             let mut ticket = pool.enter(peer);
             let m = metrics.clone();
@@ -378,6 +381,8 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                     _ = &mut ticket.evicted => {}
                 }
             });
+            // Whoever the newcomer evicted closes before the next accept.
+            tokio::task::yield_now().await;
         }
     });
     Ok(local)

@@ -62,14 +62,27 @@ pub struct Session {
 }
 
 pub fn start_session(dir: &Path) -> Session {
+    start_session_with_files(dir, None)
+}
+
+/// A session ICN; with `files`, under that open-file limit (soft and hard, so the ICN
+/// cannot raise it).
+pub fn start_session_with_files(dir: &Path, files: Option<u32>) -> Session {
     let secret = dir.join("secret");
     std::fs::write(&secret, "session secret\n").unwrap();
     let control: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let mut cmd = fanin();
+    if let Some(n) = files {
+        let limited = format!("ulimit -n {n} && exec \"$0\" \"$@\"");
+        cmd = Command::new("bash");
+        cmd.args(["-c", &limited])
+            .arg(fanin().get_program())
+            .env("FANIN_LOG", "info");
+    }
     let icn = Proc::spawn(
         "ICN",
-        fanin()
-            .args(["icn", "--session", "--control", &control.to_string()])
+        cmd.args(["icn", "--session", "--control", &control.to_string()])
             .args(["--metrics", &http.to_string(), "--results-dir"])
             .arg(dir.join("res"))
             .arg("--secret-file")

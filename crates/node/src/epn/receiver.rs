@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use fanin_proto::{Message, Nonce, Proof, Reason, RejectCode, StfHeader, STF_HEADER_LEN};
 use fanin_sched::{EpnId, FlpId, TfId};
@@ -137,11 +136,14 @@ pub async fn accept_loop(listener: Arc<TcpListener>, ctx: Arc<DataCtx>) {
                             .warn(|| format!("EPN {me}: data peer {peer}: {e}; closing"));
                     }
                 });
+                // Whoever the newcomer evicted closes before the next accept.
+                tokio::task::yield_now().await;
             }
             Err(e) => {
-                tracing::warn!("EPN {}: accept failed: {e}", ctx.me);
-                ctx.metrics.error("accept");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let what = format!("EPN {} data port", ctx.me);
+                ctx.admission
+                    .after_accept_error(&e, &what, &ctx.metrics)
+                    .await;
             }
         }
     }

@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fanin_proto::{Message, Register, RejectCode, MAX_CONTROL_BODY};
 use tokio::io::BufReader;
@@ -62,12 +61,15 @@ pub async fn accept_loop(
                     admission: admission.clone(),
                 };
                 tokio::spawn(serve_peer(conn, stream, peer, ticket, ctx));
+                // Whoever the newcomer evicted closes before the next accept, so a flood
+                // never holds more open files than the pool's places.
+                tokio::task::yield_now().await;
             }
+            // e.g. out of open files: keep serving the peers we have.
             Err(e) => {
-                // e.g. out of file descriptors: keep serving the peers we have.
-                tracing::warn!("ICN: accept failed: {e}");
-                metrics.error("accept");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                admission
+                    .after_accept_error(&e, "ICN control port", &metrics)
+                    .await
             }
         }
     }
@@ -96,7 +98,7 @@ impl PeerCtx {
 /// The handshake: Challenge out, a Register that proves the run secret back, within
 /// the deadline and unless a newcomer evicts it. `None`: refused (already logged).
 async fn handshake(
-    rd: &mut BufReader<OwnedReadHalf>,
+    rd: &mut OwnedReadHalf,
     wr: &mut OwnedWriteHalf,
     peer: SocketAddr,
     ticket: &mut Ticket,
@@ -139,12 +141,13 @@ async fn serve_peer(
     ctx: PeerCtx,
 ) {
     let _ = stream.set_nodelay(true);
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let (mut rd, mut wr) = stream.into_split();
+    // No read buffer until the peer proved itself: a stranger holds a socket, no more.
     let Some(reg) = handshake(&mut rd, &mut wr, peer, &mut ticket, &ctx).await else {
         return;
     };
     drop(ticket);
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let Ok(_member) = ctx.members.clone().try_acquire_owned() else {
         ctx.refuse(peer, "too_many_connections", "every member place is taken");
         let reject = Message::Reject {
