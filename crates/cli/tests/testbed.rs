@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{fanin, run_dir, run_ok};
+use common::{fanin, read_summary, run_dir, run_ok, Proc};
 
 /// Skips (loudly) only when the README's opt-out is set; otherwise demands root.
 fn root_or_skip(test: &str) -> bool {
@@ -518,5 +518,105 @@ fn the_real_campaign_parts_and_resets_links_on_its_testbed() {
         owned("fanin-chaos").is_empty(),
         "{:?}",
         owned("fanin-chaos")
+    );
+}
+
+/// `fanin ROLE ARGS` inside testbed host `ns`, logging to `dir/log`.
+fn in_host(ns: &str, dir: &std::path::Path, log: &str, args: &[&str]) -> Proc {
+    let err = std::fs::File::create(dir.join(log)).unwrap();
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_fanin")])
+        .args(args)
+        .env("FANIN_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(err);
+    Proc::spawn(log, &mut cmd)
+}
+
+/// A node whose host dies before its run starts (cut off, then killed: the ICN gets no
+/// FIN and no RST) is noticed by TCP keepalive, and its id is free again: the same FLP
+/// restarted on another host registers, and the run completes. Without keepalive the
+/// dead connection held FLP 0 for good (leases start only at Running).
+#[test]
+fn a_node_whose_host_dies_before_its_run_starts_gives_its_id_back() {
+    if !root_or_skip("a_node_whose_host_dies_before_its_run_starts_gives_its_id_back") {
+        return;
+    }
+    let name = "fbt-ka";
+    let _tb = Testbed::up(name, &["--hosts", "3", "--rate", "1gbit"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cfg = dir.join("run.toml");
+    let run = "flps = 1\nepns = 1\nrate_hz = 50\ntfs = 100\nstf_size = \"16KiB\"\n";
+    std::fs::write(&cfg, run).unwrap();
+    let (h1, h2, h3) = (
+        format!("{name}-h1"),
+        format!("{name}-h2"),
+        format!("{name}-h3"),
+    );
+    let control = "192.168.1.1:7400";
+    let results = dir.join("results");
+    let icn_args = [
+        "icn",
+        "--control",
+        control,
+        "--config",
+        cfg.to_str().unwrap(),
+    ];
+    let results_arg = ["--results-dir", results.to_str().unwrap()];
+    let mut icn = in_host(
+        &h1,
+        dir,
+        "icn.log",
+        &[&icn_args[..], &results_arg[..]].concat(),
+    );
+    let flp_args = ["flp", "--icn", control, "--id", "0"];
+    let mut first = in_host(&h2, dir, "flp-first.log", &flp_args);
+    let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !log("icn.log").contains("registered FLP 0") {
+        assert!(
+            std::time::Instant::now() < until,
+            "FLP 0 never registered: {}",
+            log("icn.log")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Host 2 dies: its link goes down first, so the kill closes nothing the ICN sees.
+    run_ok(Command::new("ip").args(["-n", &h2, "link", "set", "eth0", "down"]));
+    first.kill9();
+    // FLP 0 comes back on host 3: refused while the dead connection holds its id, it
+    // tries again, and registers once keepalive has closed that connection.
+    let mut again = in_host(&h3, dir, "flp-again.log", &flp_args);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(45);
+    while log("icn.log").matches("registered FLP 0").count() < 2 {
+        assert!(
+            std::time::Instant::now() < until,
+            "FLP 0 never registered again: {}",
+            log("icn.log")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let epn_args = [
+        "epn",
+        "--icn",
+        control,
+        "--id",
+        "0",
+        "--data-bind",
+        "192.168.1.3:0",
+    ];
+    let mut epn = in_host(&h3, dir, "epn.log", &epn_args);
+    assert!(icn.wait(90).success(), "ICN: {}", log("icn.log"));
+    assert!(again.wait(30).success(), "FLP: {}", log("flp-again.log"));
+    assert!(epn.wait(30).success(), "EPN: {}", log("epn.log"));
+    let summary = read_summary(&results);
+    assert_eq!(summary["invariant_ok"], true, "{summary}");
+    assert_eq!(summary["completed"], 100, "{summary}");
+    let icn_log = log("icn.log");
+    assert!(
+        icn_log.contains("already registered")
+            && icn_log.contains("left before the run: Connection timed out"),
+        "the restarted FLP was refused while the dead connection held its id: {icn_log}"
     );
 }

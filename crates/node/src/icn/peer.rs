@@ -141,6 +141,7 @@ async fn serve_peer(
     ctx: PeerCtx,
 ) {
     let _ = stream.set_nodelay(true);
+    crate::conn::keepalive(&stream);
     let (mut rd, mut wr) = stream.into_split();
     // No read buffer until the peer proved itself: a stranger holds a socket, no more.
     let Some(reg) = handshake(&mut rd, &mut wr, peer, &mut ticket, &ctx).await else {

@@ -45,6 +45,17 @@ impl IcnCore {
             Role::Epn => (&self.epns, cfg.epns),
             Role::Flp => (&self.flps, cfg.flps),
         };
+        let taken = |id: u32| Some(self.peers.get(table.get(&id)?)?.addr);
+        // A node that names its id hears that the id is taken before that the run is
+        // full: its holder may be a dead connection about to close, so it tries again.
+        let holder = reg.node_id.and_then(|id| Some((id, taken(id)?)));
+        if let Some((id, addr)) = holder {
+            let msg = format!(
+                "{} id {id} is already registered from {addr}",
+                reg.role.name()
+            );
+            return self.reject(conn, peer, RejectCode::IdInUse, msg);
+        }
         if table.len() as u32 >= want {
             let msg = format!(
                 "run expects {want} {}s and all have registered",
@@ -52,22 +63,12 @@ impl IcnCore {
             );
             return self.reject(conn, peer, RejectCode::RunFull, msg);
         }
-        let id = match reg.node_id {
-            Some(id) => id,
-            None => match reg.role {
-                // FLP ids are 0..flps: take the lowest free one.
-                Role::Flp => (0..cfg.flps).find(|i| !table.contains_key(i)).unwrap_or(0),
-                Role::Epn => (0..).find(|i| !table.contains_key(i)).unwrap_or(0),
-            },
-        };
-        if let Some(other) = table.get(&id).and_then(|c| self.peers.get(c)) {
-            let msg = format!(
-                "{} id {id} is already registered from {}",
-                reg.role.name(),
-                other.addr
-            );
-            return self.reject(conn, peer, RejectCode::IdInUse, msg);
-        }
+        let id = reg.node_id.unwrap_or_else(|| match reg.role {
+            // FLP ids are 0..flps: take the lowest free one.
+            Role::Flp => (0..cfg.flps).find(|i| !table.contains_key(i)).unwrap_or(0),
+            Role::Epn => (0..).find(|i| !table.contains_key(i)).unwrap_or(0),
+        });
+        debug_assert!(taken(id).is_none(), "a free id, as the run is not full");
         if let Some(msg) = bad_data_addr(&reg, id) {
             return self.reject(conn, peer, RejectCode::Other, msg);
         }
