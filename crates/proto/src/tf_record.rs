@@ -19,6 +19,9 @@ pub const TF_HEADER_LEN: usize = 32;
 pub const STF_RECORD_HEADER_LEN: usize = 16;
 /// Most STFs one record may claim (checked before anything is allocated).
 pub const MAX_RECORD_STFS: u32 = 1 << 20;
+/// Most bytes reserved for a kept payload before its bytes arrive: a larger one grows
+/// as it is read, so a forged length costs no more than this until the stream ends.
+pub const RESERVE_AT_MOST: u64 = 64 << 20;
 
 /// The TF header of a record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,7 +253,12 @@ impl<R: Read> RecordReader<R> {
             let limit = self.keep_payload_bytes;
             return Err(RecordError::TooLarge { len: s.len, limit });
         }
-        let mut kept = Vec::with_capacity(if keeping { s.len as usize } else { 0 });
+        let reserve = if keeping {
+            s.len.min(RESERVE_AT_MOST)
+        } else {
+            0
+        };
+        let mut kept = Vec::with_capacity(reserve as usize);
         let (mut left, mut crc) = (s.len, 0u32);
         let mut chunk = vec![0u8; (1 << 20).min(s.len as usize).max(1)];
         while left > 0 {
