@@ -260,6 +260,15 @@ fn bad_configuration_values_name_their_field() {
         ],
         &["--secret-file"],
     );
+    // A secret that went missing is not "no secret".
+    let out = fanin()
+        .args(["flp", "--icn", "127.0.0.1:1"])
+        .env("FANIN_SECRET", " \n")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.lines().count() == 1, "{err}");
+    assert!(err.contains("FANIN_SECRET is set but blank"), "{err}");
     let epn = |extra: &[&'static str]| [&["epn", "--icn", "127.0.0.1:1"], extra].concat();
     one_line_error(
         &epn(&["--sink", "mail:me"]),

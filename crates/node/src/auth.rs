@@ -29,6 +29,16 @@ impl Secret {
 
     /// From `file` (trailing whitespace trimmed), else `$FANIN_SECRET`, else none.
     pub fn load(file: Option<&Path>) -> anyhow::Result<Secret> {
+        Self::from_sources(file, std::env::var_os(SECRET_ENV))
+    }
+
+    /// `load` with the environment's value given: a file or a variable that holds only
+    /// whitespace is refused (a secret that went missing, not a choice); an unset
+    /// variable means no secret.
+    fn from_sources(
+        file: Option<&Path>,
+        env: Option<std::ffi::OsString>,
+    ) -> anyhow::Result<Secret> {
         if let Some(f) = file {
             let text =
                 std::fs::read(f).with_context(|| format!("--secret-file {}", f.display()))?;
@@ -40,8 +50,16 @@ impl Secret {
             );
             return Ok(Secret(trimmed.to_vec()));
         }
-        let env = std::env::var_os(SECRET_ENV).map(|v| v.into_encoded_bytes());
-        Ok(Secret(env.unwrap_or_default().trim_ascii_end().to_vec()))
+        let Some(env) = env else {
+            return Ok(Secret(Vec::new()));
+        };
+        let text = env.into_encoded_bytes();
+        let trimmed = text.trim_ascii_end();
+        anyhow::ensure!(
+            !trimmed.is_empty(),
+            "{SECRET_ENV} is set but blank: unset it for a run without a secret"
+        );
+        Ok(Secret(trimmed.to_vec()))
     }
 
     /// A fresh random secret (32 bytes, as 64 hex digits) for one `fanin run`.
@@ -188,6 +206,22 @@ mod tests {
             !s.check_data(&n, 7, 1, &r.proof),
             "a register proof is no data proof"
         );
+    }
+
+    #[test]
+    fn a_blank_environment_secret_is_refused_and_an_unset_one_means_none() {
+        let env = |v: &str| Some(std::ffi::OsString::from(v));
+        assert_eq!(
+            Secret::from_sources(None, env("s3cret \n")).unwrap().0,
+            b"s3cret"
+        );
+        assert!(Secret::from_sources(None, None).unwrap().is_empty());
+        for blank in ["", " ", "\n\t "] {
+            let e = Secret::from_sources(None, env(blank))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("FANIN_SECRET is set but blank"), "{e}");
+        }
     }
 
     #[test]
