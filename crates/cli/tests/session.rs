@@ -122,6 +122,18 @@ fn a_two_run_session_on_one_set_of_processes() {
         );
     }
     assert!(ok(http, secret, &["status"]).starts_with("CONFIGURED run 3"));
+    // A run of a set length ends by itself; a script's stop after it still succeeds.
+    let short = dir.join("short.toml");
+    let run = "[run]\nflps = 2\nepns = 2\nrate_hz = 200\ntfs = 40\nstf_size = \"16KiB\"\n";
+    std::fs::write(&short, run).unwrap();
+    ok(http, secret, &["configure", short.to_str().unwrap()]);
+    assert_eq!(ok(http, secret, &["start"]), "run 3 started");
+    wait_status(http, secret, |st| st["last_run"]["run_number"] == 3);
+    let end = ok(http, secret, &["stop"]);
+    assert!(
+        end.starts_with("run 3 ended (it had ended already): issued 40 "),
+        "{end}"
+    );
     assert_eq!(ok(http, secret, &["exit"]), "the session ends");
     let mut s = s;
     for p in nodes.iter_mut().chain([&mut s.icn]) {

@@ -136,24 +136,21 @@ impl Api {
         }
     }
 
-    /// STOP, then wait until the run's results are written; the answer names them.
+    /// STOP, then wait until the run's results are written; the answer names them. A
+    /// run that already ended by itself (the session is CONFIGURED again) is no error:
+    /// the answer names that run's results, so a script's stop after a timed run works.
     fn stop(&self, wait_s: f64) -> anyhow::Result<Value> {
-        let n = self.status()?["run_number"].as_u64().unwrap_or(0);
+        let st = self.status()?;
+        let n = st["run_number"].as_u64().unwrap_or(0);
+        if st["state"] == "CONFIGURED" && st["last_run"].is_object() {
+            return self.ended(&st["last_run"], " (it had ended already)");
+        }
         self.command(Command::Stop.path(), &[])?;
         let until = Instant::now() + Duration::from_secs_f64(wait_s.max(0.0));
         loop {
             let st = self.status()?;
-            let last = &st["last_run"];
-            if last["run_number"].as_u64() == Some(n) {
-                if let Some(e) = last["error"].as_str() {
-                    anyhow::bail!("ICN {}: run {n} ended, but: {e}", self.icn);
-                }
-                let line = format!(
-                    "run {n} ended: issued {} completed {} incomplete {} dropped {} invariant_ok {}; results in {}",
-                    last["issued"], last["completed"], last["incomplete"], last["dropped"],
-                    last["invariant_ok"], last["dir"].as_str().unwrap_or("?")
-                );
-                return Ok(serde_json::json!({"ok": true, "message": line, "run": last}));
+            if st["last_run"]["run_number"].as_u64() == Some(n) {
+                return self.ended(&st["last_run"], "");
             }
             anyhow::ensure!(
                 Instant::now() < until,
@@ -163,6 +160,21 @@ impl Api {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The answer for a run that ended (`last` from the status): its counts and where
+    /// its results are, or its error.
+    fn ended(&self, last: &Value, note: &str) -> anyhow::Result<Value> {
+        let n = last["run_number"].as_u64().unwrap_or(0);
+        if let Some(e) = last["error"].as_str() {
+            anyhow::bail!("ICN {}: run {n} ended, but: {e}", self.icn);
+        }
+        let line = format!(
+            "run {n} ended{note}: issued {} completed {} incomplete {} dropped {} invariant_ok {}; results in {}",
+            last["issued"], last["completed"], last["incomplete"], last["dropped"],
+            last["invariant_ok"], last["dir"].as_str().unwrap_or("?")
+        );
+        Ok(serde_json::json!({"ok": true, "message": line, "run": last}))
     }
 
     /// One request: (status code, JSON body).

@@ -239,12 +239,16 @@ impl IcnCore {
                 self.note(msg);
                 self.begin_drain();
             }
-            (Phase::Running | Phase::Draining, _) => {
-                if self.interrupts == 1 {
-                    self.note(msg);
-                }
-                self.begin_stop();
+            // The run reached its length and drains already: it goes on draining (what
+            // it issued still completes); a second interrupt stops it at once.
+            (Phase::Draining, 1) => {
+                self.log(
+                    Level::Warn,
+                    "the run drains already; interrupt again to stop it at once".into(),
+                );
+                self.note(msg);
             }
+            (Phase::Running | Phase::Draining, _) => self.begin_stop(),
             (Phase::Stopping, 1) => self.note(msg),
             (Phase::Stopping, _) => self.phase = Phase::Done,
             (Phase::Done, _) => {}

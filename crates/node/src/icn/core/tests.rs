@@ -1430,6 +1430,33 @@ fn a_second_interrupt_stops_at_once() {
     assert_eq!(s.dropped_by_reason.get("unacknowledged"), Some(&1));
 }
 
+/// A run that reached its length drains what it issued: a STOP (or Ctrl-C) then throws
+/// nothing away; a second one stops at once.
+#[test]
+fn a_first_interrupt_while_the_run_drains_by_itself_lets_it_drain() {
+    let mut h = H::running(1, 1, |c| c.tfs = Some(5));
+    h.at(10);
+    assert_eq!(
+        h.core.phase(),
+        Phase::Draining,
+        "the run reached its length"
+    );
+    h.feed(Input::Interrupt);
+    assert_eq!(h.core.phase(), Phase::Draining, "the drain goes on");
+    for tf in 0..4 {
+        h.complete(0, tf);
+    }
+    assert_eq!(h.core.phase(), Phase::Draining);
+    h.feed(Input::Interrupt);
+    assert_eq!(
+        h.core.phase(),
+        Phase::Stopping,
+        "a second interrupt stops at once"
+    );
+    let s = h.finish();
+    assert_eq!((s.issued, s.completed), (5, 4));
+}
+
 #[test]
 fn an_interrupt_before_the_run_ends_the_icn() {
     let mut h = H::new(config(1, 1, |_| {}));
