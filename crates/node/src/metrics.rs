@@ -41,8 +41,9 @@ pub struct Metrics {
     /// CPU, memory, network, clock and temperature, read at each scrape.
     host: crate::host::HostMetrics,
     /// The counters when this node's current run began (a long-lived node reports
-    /// each run's own counts).
+    /// each run's own counts), and that run's id once the node joined one.
     run_base: Mutex<BTreeMap<String, u64>>,
+    run_joined: Mutex<Option<u64>>,
     /// The run-control state this node was last told (0: none yet).
     run_state: std::sync::atomic::AtomicU8,
 }
@@ -143,6 +144,7 @@ impl Metrics {
             routes: Mutex::new(Vec::new()),
             run_state: Default::default(),
             run_base: Mutex::new(BTreeMap::new()),
+            run_joined: Mutex::new(None),
             host: Default::default(),
             snapshot: Mutex::new(BTreeMap::new()),
             registry: Registry::default(),
@@ -308,6 +310,18 @@ impl Metrics {
     pub fn new_run(&self) {
         let now = self.snapshot.lock().unwrap().clone();
         *self.run_base.lock().unwrap() = now;
+    }
+
+    /// The node joined run `run_id`: if that is another run than the one it was in, a
+    /// new run begins for its counters (a node that lost its ICN as run N ended and
+    /// joined run N+1 reports N+1's counts alone). Joining the same run again (a rejoin,
+    /// a take-over) goes on counting.
+    pub fn joined_run(&self, run_id: u64) {
+        let mut joined = self.run_joined.lock().unwrap();
+        if joined.is_some_and(|r| r != run_id) {
+            self.new_run();
+        }
+        *joined = Some(run_id);
     }
 
     /// Counter values since the current run began (all of them for a one-run node).
@@ -513,6 +527,28 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    /// A node's counters begin again when it joins another run, not when it joins the
+    /// same run again.
+    #[test]
+    fn counters_are_each_runs_own_however_the_node_came_to_it() {
+        let m = super::Metrics::new("flp", Some(0));
+        let sent = |m: &super::Metrics| {
+            let s = m.run_snapshot();
+            s.iter()
+                .find(|(k, _)| k == "stfs.sent")
+                .map_or(0, |(_, v)| *v)
+        };
+        m.joined_run(1);
+        m.stf("sent", "", 5);
+        m.joined_run(1); // lost the ICN mid-run, joined the same run again
+        m.stf("sent", "", 2);
+        assert_eq!(sent(&m), 7);
+        m.joined_run(2); // lost it as run 1 ended, joined run 2
+        assert_eq!(sent(&m), 0);
+        m.stf("sent", "", 3);
+        assert_eq!(sent(&m), 3);
+    }
+
     /// 100 connections that never speak hold the metrics port: a request still gets
     /// its answer at once, not after their 5 s read time-out.
     #[tokio::test]

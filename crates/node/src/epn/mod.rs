@@ -170,6 +170,7 @@ async fn run_once(
         return Ok(());
     };
     own.joined(joined.run_id);
+    metrics.joined_run(joined.run_id);
     // Not the run it was in: the kept one ends now, as at a RunStop, its sinks finishing
     // what they took (its acceptor stops before any FLP of the new run can connect:
     // they learn of this EPN only after this answer).

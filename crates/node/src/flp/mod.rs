@@ -159,6 +159,7 @@ async fn run_once(
         return Ok(());
     };
     own.joined(joined.run_id);
+    metrics.joined_run(joined.run_id);
     // The run it kept goes on only with an ICN that took that run over.
     let taken = kept.borrow_mut().take();
     let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
