@@ -490,6 +490,9 @@ impl Joined {
 }
 
 /// Run end, for a node that took its `Joined` apart: counters to the ICN, then close.
+/// An ICN that closed the connection first (it stopped waiting for this node at the
+/// run's end) is a warning, not an error: the run ended, and a long-lived node goes on
+/// to the next one.
 pub async fn leave(
     ctl: mpsc::Sender<Message>,
     writer: JoinHandle<()>,
@@ -498,12 +501,17 @@ pub async fn leave(
     metrics: &Metrics,
 ) -> anyhow::Result<()> {
     metrics.set_event_total("cpu_us", crate::host::process_cpu_us());
-    ctl.send(Message::NodeStats(NodeStats {
+    let stats = Message::NodeStats(NodeStats {
         role,
         node_id: me,
         counters: metrics.run_snapshot(),
-    }))
-    .await?;
+    });
+    if ctl.send(stats).await.is_err() {
+        tracing::warn!(
+            "{} {me}: the ICN closed the connection before this node's counters reached it (it stopped waiting at the run's end)",
+            role.name()
+        );
+    }
     drop(ctl);
     let _ = writer.await;
     Ok(())
@@ -585,5 +593,21 @@ pub struct AbortOnDrop<T>(pub JoinHandle<T>);
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ICN stopped waiting at the run's end and closed: the node's run still ends
+    /// well (a long-lived node goes on to the next run instead of dying).
+    #[tokio::test]
+    async fn leaving_after_the_icn_closed_ends_the_run_well() {
+        let metrics = Metrics::new("epn", Some(0));
+        let (tx, rx) = mpsc::channel(1);
+        drop(rx);
+        let writer = tokio::spawn(async {});
+        assert!(leave(tx, writer, 0, Role::Epn, &metrics).await.is_ok());
     }
 }
