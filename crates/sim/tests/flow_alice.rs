@@ -167,3 +167,23 @@ fn on_data_scheduling_knows_the_size_and_pays_the_announcement() {
     let again = run(&swinging(SimSchedule::OnData)).unwrap();
     assert_eq!(format!("{again:?}"), format!("{on_data:?}"));
 }
+
+/// On-data with a drain shorter than the read-out: the last TFs' announcements are still
+/// on their way when the run ends. They were never scheduled, so they stay outside the
+/// ledger (as the runtime's ICN keeps them) and every scheduled TF is accounted (this
+/// once indexed an EPN the TF never had, and panicked).
+#[test]
+fn on_data_tfs_not_scheduled_when_the_run_ends_stay_outside_the_ledger() {
+    let cfg = AliceConfig {
+        drain_s: 0.0,
+        readout_ms: 150.0, // three TF periods
+        ..swinging(SimSchedule::OnData)
+    };
+    let s = run(&cfg).unwrap();
+    assert!(s.invariant_ok, "{s:?}");
+    assert!(
+        (190..200).contains(&s.issued),
+        "the last TFs were not scheduled: {s:?}"
+    );
+    assert_eq!(s.issued, s.completed + s.incomplete + s.dropped);
+}
