@@ -94,6 +94,10 @@ fn a_two_run_session_on_one_set_of_processes() {
     assert_eq!(u(&one, "issued"), u(&one, "completed"), "{one}");
     assert!(one["paused_s"].as_f64().unwrap() >= 0.5, "{one}");
     assert!(dir.join("res/run-1/report.html").is_file());
+    assert!(
+        dir.join("res/run-1/run_start_us").is_file(),
+        "START's own actions reach the run's files"
+    );
     // Reconfigured between runs: the same processes run run 2.
     let line = ok(http, secret, &["configure", run_b.to_str().unwrap()]);
     assert!(line.starts_with("run 2 configured"), "{line}");

@@ -213,9 +213,12 @@ impl Session {
                 let dir = self.run_dir(self.next_run);
                 let sh = self.shell.as_mut().expect("a configured session has a run");
                 sh.core.startable()?;
-                let csv = start_results(&dir, &sh.core)?;
-                let done = sh.command(Command::Start)?;
-                sh.tfs_csv = Some(csv);
+                // The rows file first: START's own actions (the run's start, TFs that
+                // end as they are issued) go into it.
+                sh.tfs_csv = Some(start_results(&dir, &sh.core)?);
+                let done = sh
+                    .command(Command::Start)
+                    .inspect_err(|_| sh.tfs_csv = None)?;
                 self.state = to;
                 Ok(done)
             }
