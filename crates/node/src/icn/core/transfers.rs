@@ -2,8 +2,8 @@
 //! TfScheduler) and tells an FLP to send a TF's STF only when the transfer has them.
 //!
 //! A transfer's tokens come back when its EPN says the STF arrived (`StfReceived`), when
-//! its FLP says nothing will (`StfSent`) or drops the STF, when the FLP or EPN leaves, or
-//! when its TF ends; a TF that moves stops waiting.
+//! its FLP says its send ended (`StfSent`) or drops the STF, or when the FLP or EPN
+//! leaves; a TF that ends or moves stops waiting.
 
 use fanin_proto::Message;
 use fanin_sched::{EpnId, FlpId, Grant, TfId};
@@ -69,11 +69,13 @@ impl IcnCore {
         self.end_transfers(|g| g.tf == tf && g.flp == flp);
     }
 
-    /// `tf` ended: nobody waits for its STFs, and its transfers' tokens go on now (an
-    /// FLP that never answers cannot hold them for ever; its late word is ignored).
+    /// `tf` ended: nobody waits for its STFs. A transfer under way keeps its tokens
+    /// until its FLP says the send ended (`StfSent`: every Assign gets one, within the
+    /// FLP's stall limit, or a drop), its EPN that the STF arrived, or either leaves (a
+    /// frozen FLP loses its lease): the FLP is still sending, and a TF that ends early
+    /// (a time-out, another FLP's drop) must not let it serve more than T EPNs at once.
     pub(super) fn transfers_of_tf_over(&mut self, tf: TfId) {
         self.transfers_of_tf_unplaced(tf);
-        self.end_transfers(|g| g.tf == tf);
     }
 
     /// `tf` waits for an EPN again (its EPN died and none has room), or ended: nobody

@@ -113,3 +113,31 @@ fn a_tf_that_ends_stops_waiting_and_push_mode_tells_every_flp_at_once() {
     assert_eq!(told(&push.log, 2, 0), [0, 1]);
     assert_eq!(assigns(&push.log), [(0, 0)]);
 }
+
+/// TF 0 ends early (its EPN timed it out) while its FLP still sends it: the FLP's token
+/// stays with that send until the FLP says it ended, so the FLP never serves two EPNs
+/// with one token.
+#[test]
+fn a_tf_that_ends_early_keeps_its_token_until_its_send_ends() {
+    let mut h = pull(1, 2, 1, 1);
+    h.at(1);
+    assert_eq!(assigns(&h.log), [(0, 0), (1, 1)]);
+    assert_eq!(told(&h.log, 1, 0), [0]);
+    assert!(
+        told(&h.log, 1, 1).is_empty(),
+        "one token: one send at a time"
+    );
+    let r = h.report(
+        0,
+        0,
+        fanin_proto::TfStatus::Incomplete,
+        Reason::BuildTimeout,
+    );
+    assert_eq!(ended(&r).len(), 1);
+    assert!(told(&r, 1, 1).is_empty(), "the FLP still sends TF 0: {r:?}");
+    assert_eq!(
+        told(&sent(&mut h, 0, 0, 0), 1, 1),
+        [0],
+        "its send ended: TF 1 next"
+    );
+}
