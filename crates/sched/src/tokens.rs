@@ -159,6 +159,11 @@ impl TokenManager {
         self.wanted(tf, flp) || self.out.keys().any(|g| g.tf == tf && g.flp == flp)
     }
 
+    /// Is some transfer of `tf` granted and not ended?
+    pub fn under_way(&self, tf: TfId) -> bool {
+        self.out.keys().any(|g| g.tf == tf)
+    }
+
     /// Forgets the wants of `tf` (it ended or moved); its transfers in progress are
     /// still handed back with `done`.
     pub fn cancel(&mut self, tf: TfId) {

@@ -243,6 +243,9 @@ pub struct IcnCore {
     pub(crate) kept_unplaced: BTreeSet<fanin_sched::TfId>,
     /// Pull mode: the transfer tokens.
     pub(crate) transfers: Option<fanin_sched::TokenManager>,
+    /// Pull mode: TFs that ended with transfers under way, and when those stop waiting
+    /// for their word (in time order).
+    ended_grants: std::collections::VecDeque<(Now, fanin_sched::TfId)>,
     outbox: VecDeque<Action>,
 }
 
@@ -300,6 +303,7 @@ impl IcnCore {
             gathered: None,
             kept_unplaced: BTreeSet::new(),
             transfers,
+            ended_grants: Default::default(),
             outbox: VecDeque::new(),
         };
         if let Some(t) = takeover {
@@ -385,7 +389,8 @@ impl IcnCore {
         // A paused run's length waits for it (its deadline moves on resume).
         let paused_run = self.phase == Phase::Running && self.paused_at.is_some();
         let deadline = self.phase_deadline.filter(|_| !paused_run);
-        [issue, deadline, lease].into_iter().flatten().min()
+        let grants = self.ended_grants.front().map(|&(at, _)| at);
+        [issue, deadline, lease, grants].into_iter().flatten().min()
     }
 
     pub fn phase(&self) -> Phase {

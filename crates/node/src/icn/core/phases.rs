@@ -120,6 +120,7 @@ impl IcnCore {
         if self.now >= self.last_lease_check + super::LEASE_CHECK {
             self.check_leases();
         }
+        self.expire_ended_grants();
         let Some(deadline) = self.phase_deadline else {
             return;
         };

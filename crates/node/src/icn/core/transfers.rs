@@ -10,6 +10,11 @@ use fanin_sched::{EpnId, FlpId, Grant, TfId};
 
 use super::{IcnCore, Phase};
 
+/// How long the transfers of a TF that ended may wait for their word: longer than an
+/// FLP's stall limit (`flp::sender::STALL_TIMEOUT`, 10 s), so a live FLP always answers
+/// first.
+pub(super) const ENDED_GRANT_GRACE: std::time::Duration = std::time::Duration::from_secs(12);
+
 impl IcnCore {
     /// Pull mode: `epn` wants the STFs of `tf` from every FLP of the run, and the FLPs
     /// whose transfer has tokens are told now. False in push mode (tell every FLP).
@@ -70,12 +75,33 @@ impl IcnCore {
     }
 
     /// `tf` ended: nobody waits for its STFs. A transfer under way keeps its tokens
-    /// until its FLP says the send ended (`StfSent`: every Assign gets one, within the
-    /// FLP's stall limit, or a drop), its EPN that the STF arrived, or either leaves (a
-    /// frozen FLP loses its lease): the FLP is still sending, and a TF that ends early
-    /// (a time-out, another FLP's drop) must not let it serve more than T EPNs at once.
+    /// until its word comes (`StfReceived`, `StfSent`, a drop) or a peer leaves: its FLP
+    /// is still sending, and a TF that ends early (a time-out, another FLP's drop) must
+    /// not let it serve more than T EPNs at once. A word that never comes (an STF lost
+    /// after its FLP's write succeeded, on a connection that then closed) cannot hold
+    /// them for good: after `ENDED_GRANT_GRACE` they go on anyway.
     pub(super) fn transfers_of_tf_over(&mut self, tf: TfId) {
         self.transfers_of_tf_unplaced(tf);
+        if self.transfers.as_ref().is_some_and(|t| t.under_way(tf)) {
+            self.ended_grants
+                .push_back((self.now + ENDED_GRANT_GRACE, tf));
+        }
+    }
+
+    /// The transfers of TFs that ended more than `ENDED_GRANT_GRACE` ago and still have
+    /// no word: their tokens go on (counted `transfer_expired`).
+    pub(super) fn expire_ended_grants(&mut self) {
+        while let Some(&(at, tf)) = self.ended_grants.front() {
+            if at > self.now {
+                return;
+            }
+            self.ended_grants.pop_front();
+            let left = self.transfers.as_ref().is_some_and(|t| t.under_way(tf));
+            if left {
+                self.metrics.stf("transfer_expired", "", 1);
+                self.end_transfers(|g| g.tf == tf);
+            }
+        }
     }
 
     /// `tf` waits for an EPN again (its EPN died and none has room), or ended: nobody

@@ -141,3 +141,33 @@ fn a_tf_that_ends_early_keeps_its_token_until_its_send_ends() {
         "its send ended: TF 1 next"
     );
 }
+
+/// ... and if its word never comes (an STF lost after its FLP's write succeeded), the
+/// token goes on once the FLP's stall limit has long passed.
+#[test]
+fn the_tokens_of_a_tf_that_ended_go_on_when_no_word_comes() {
+    let mut h = H::running(1, 2, |c| {
+        c.transfer = Transfer::Pull;
+        (c.flp_tokens, c.epn_tokens) = (1, 1);
+        c.tfs = Some(4);
+        c.lease_ms = 600_000; // the nodes stay members: only the grace period acts
+    });
+    h.at(1);
+    assert_eq!(told(&h.log, 1, 0), [0]);
+    h.report(
+        0,
+        0,
+        fanin_proto::TfStatus::Incomplete,
+        Reason::BuildTimeout,
+    );
+    assert!(
+        told(&h.at(11_000), 1, 1).is_empty(),
+        "within the grace period"
+    );
+    assert_eq!(
+        told(&h.at(12_100), 1, 1),
+        [0],
+        "after it, TF 1 gets the token"
+    );
+    assert_eq!(h.counter("stfs.transfer_expired"), 1);
+}
