@@ -145,22 +145,29 @@ pub fn spawn_writer(
     (tx, task)
 }
 
-/// TCP keepalive on every connection between nodes: a peer whose host died or was cut
-/// off sends no FIN and no RST, so without probes its connection would stay open for
-/// good, holding the peer's id and place before the run (leases start only at Running)
-/// and between runs. After `KEEPALIVE_IDLE` of silence, `KEEPALIVE_PROBES` unanswered
-/// probes `KEEPALIVE_INTERVAL` apart close it: about 11 s. A live process answers them
-/// from its kernel, even when stopped or busy. Probes go out only on an idle
-/// connection: during a run, heartbeats (every 100 ms) keep it busy and the lease
-/// decides, so a partition shorter than the lease still heals.
+/// TCP keepalive on control connections: a peer whose host died or was cut off sends no
+/// FIN and no RST, so without probes its connection would stay open for good, holding
+/// the node's id and place before the run (leases start only at Running) and between
+/// runs. After `idle` without a segment from the peer, `KEEPALIVE_PROBES` unanswered
+/// probes `KEEPALIVE_INTERVAL` apart close it. A live process answers them from its
+/// kernel, even when stopped or busy. Probes go out only while nothing sent waits for
+/// its acknowledgement: a node's heartbeats (every 100 ms) keep its end busy during a
+/// run, and the ICN's end waits at least the run's lease (`keepalive_idle`), so a
+/// partition the lease rides through is never cut by keepalive.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const KEEPALIVE_PROBES: u32 = 3;
 
-/// Turns keepalive on for `s` (a failure is only logged: the connection still works).
-pub fn keepalive(s: &TcpStream) {
+/// The ICN's idle time before probes for a run whose lease is `lease_ms`.
+pub fn keepalive_idle(lease_ms: u64) -> Duration {
+    KEEPALIVE_IDLE.max(Duration::from_millis(lease_ms))
+}
+
+/// Turns keepalive on for `s` with `idle` (a failure is only logged: the connection
+/// still works).
+pub fn keepalive(s: &TcpStream, idle: Duration) {
     let ka = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
+        .with_time(idle)
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_PROBES);
     if let Err(e) = socket2::SockRef::from(s).set_tcp_keepalive(&ka) {
@@ -190,7 +197,6 @@ pub async fn connect_retry(
         match sock.connect(addr).await {
             Ok(s) => {
                 s.set_nodelay(true)?;
-                keepalive(&s);
                 return Ok(s);
             }
             Err(e) if tokio::time::Instant::now() + backoff < deadline => {

@@ -193,6 +193,7 @@ pub async fn join(
     let role = spec.role;
     let what = format!("{} control connection to ICN", role.name());
     let ctl = connect_retry(icn, spec.control_bind, connect_timeout, &what).await?;
+    crate::conn::keepalive(&ctl, crate::conn::KEEPALIVE_IDLE);
     let data_addr = data_addr(&ctl)?;
     let local = ctl.local_addr().map_err(anyhow::Error::from)?;
     let (rd, mut wr) = ctl.into_split();
@@ -474,7 +475,8 @@ fn refused(e: JoinError, session: bool) -> NodeError {
                 RejectCode::RunFull
                 | RejectCode::WrongPhase
                 | RejectCode::UnknownId
-                | RejectCode::RunOver,
+                | RejectCode::RunOver
+                | RejectCode::IdInUse,
             ..
         } if session => NodeError::IcnIdle(format!("{e:#}")),
         _ if e.transient() => NodeError::IcnUnreachable(format!("{e:#}")),
@@ -599,6 +601,24 @@ impl<T> Drop for AbortOnDrop<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node whose id another connection holds (perhaps a dead host's, until keepalive
+    /// closes it) tries again: a session node waits as for a full run, a one-run node
+    /// within its connect time-out.
+    #[test]
+    fn an_id_held_elsewhere_is_waited_for() {
+        let held = || JoinError::Refused {
+            icn: "127.0.0.1:1".parse().unwrap(),
+            role: "FLP",
+            code: RejectCode::IdInUse,
+            reason: "FLP id 0 is already registered".into(),
+        };
+        assert!(matches!(refused(held(), true), NodeError::IcnIdle(_)));
+        assert!(matches!(
+            refused(held(), false),
+            NodeError::IcnUnreachable(_)
+        ));
+    }
 
     /// The ICN stopped waiting at the run's end and closed: the node's run still ends
     /// well (a long-lived node goes on to the next run instead of dying).

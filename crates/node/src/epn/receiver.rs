@@ -268,7 +268,6 @@ async fn serve_flp(
     ctx: &DataCtx,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
-    crate::conn::keepalive(&stream);
     let mut lowat = RecvLowat::new(stream.as_raw_fd());
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(RECV_BUFFER, rd);

@@ -152,13 +152,15 @@ fn start_acceptor(
     // Members: every node of the run, plus room for rejoining ones whose old
     // connection has not closed yet.
     let max_members = (cfg.flps + cfg.epns) as usize * 2 + 16;
-    acceptor(&opts.secret, max_members, listener, events, metrics)
+    let (_, idle) = tokio::sync::watch::channel(crate::conn::keepalive_idle(cfg.lease_ms));
+    acceptor(&opts.secret, (max_members, idle), listener, events, metrics)
 }
 
-/// The acceptor task for at most `max_members` registered connections at once.
+/// The acceptor task for at most `max_members` registered connections at once, their
+/// keepalive following `idle`.
 fn acceptor(
     secret: &crate::auth::Secret,
-    max_members: usize,
+    (max_members, idle): (usize, tokio::sync::watch::Receiver<std::time::Duration>),
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: &Arc<Metrics>,
@@ -175,6 +177,7 @@ fn acceptor(
         metrics.clone(),
         max_members,
         secret,
+        idle,
     ))
 }
 

@@ -3,12 +3,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fanin_proto::{Message, Register, RejectCode, MAX_CONTROL_BODY};
 use tokio::io::BufReader;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use crate::admission::{Admission, Ticket};
 use crate::auth::Secret;
@@ -37,12 +38,15 @@ pub enum Event {
     },
 }
 
+/// `idle`: the keepalive idle time of each connection (`conn::keepalive_idle` of the
+/// run's lease; a session changes it with each configured run).
 pub async fn accept_loop(
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
     max_peers: usize,
     secret: Arc<Secret>,
+    idle: watch::Receiver<Duration>,
 ) {
     let mut next: ConnId = 1;
     let members = Arc::new(Semaphore::new(max_peers));
@@ -59,6 +63,7 @@ pub async fn accept_loop(
                     secret: secret.clone(),
                     members: members.clone(),
                     admission: admission.clone(),
+                    idle: idle.clone(),
                 };
                 tokio::spawn(serve_peer(conn, stream, peer, ticket, ctx));
                 // Whoever the newcomer evicted closes before the next accept, so a flood
@@ -83,6 +88,7 @@ struct PeerCtx {
     /// Places for nodes that proved the secret.
     members: Arc<Semaphore>,
     admission: Arc<Admission>,
+    idle: watch::Receiver<Duration>,
 }
 
 impl PeerCtx {
@@ -141,7 +147,7 @@ async fn serve_peer(
     ctx: PeerCtx,
 ) {
     let _ = stream.set_nodelay(true);
-    crate::conn::keepalive(&stream);
+    crate::conn::keepalive(&stream, *ctx.idle.borrow());
     let (mut rd, mut wr) = stream.into_split();
     // No read buffer until the peer proved itself: a stranger holds a socket, no more.
     let Some(reg) = handshake(&mut rd, &mut wr, peer, &mut ticket, &ctx).await else {
@@ -159,7 +165,10 @@ async fn serve_peer(
         return;
     };
     let PeerCtx {
-        events, metrics, ..
+        events,
+        metrics,
+        mut idle,
+        ..
     } = ctx;
     let (tx, writer) = spawn_writer(wr, peer.to_string());
     let (kill, killed) = oneshot::channel();
@@ -176,12 +185,20 @@ async fn serve_peer(
     {
         return;
     }
-    let Some(err) = forward_frames(conn, peer, &mut rd, killed, writer, &events, &metrics).await
-    else {
+    let ends = (killed, writer, &mut idle);
+    let Some(err) = forward_frames(conn, peer, &mut rd, ends, &events, &metrics).await else {
         return;
     };
     let _ = events.send(Event::Closed { conn, err }).await;
 }
+
+/// How a registered peer's reading ends besides the peer closing: the ICN drops it
+/// (`killed`, then its writer flushes), and the keepalive idle time it follows.
+type Ends<'a> = (
+    oneshot::Receiver<()>,
+    tokio::task::JoinHandle<()>,
+    &'a mut watch::Receiver<Duration>,
+);
 
 /// Forwards every frame of a registered peer to the ICN task until the peer closes
 /// (`Some(error, if any)`), or the ICN drops the peer or stops (`None`).
@@ -189,13 +206,17 @@ async fn forward_frames(
     conn: ConnId,
     peer: SocketAddr,
     rd: &mut BufReader<OwnedReadHalf>,
-    mut killed: oneshot::Receiver<()>,
-    writer: tokio::task::JoinHandle<()>,
+    (mut killed, writer, idle): Ends<'_>,
     events: &mpsc::Sender<Event>,
     metrics: &Metrics,
 ) -> Option<Option<String>> {
     loop {
         tokio::select! {
+            // A session configured a run with another lease.
+            Ok(()) = idle.changed() => {
+                let at = *idle.borrow_and_update();
+                crate::conn::keepalive(rd.get_ref().as_ref(), at);
+            }
             // The ICN refused or dropped this peer: stop reading; the writer flushes
             // what is queued (a Reject) and closes the socket.
             _ = &mut killed => {

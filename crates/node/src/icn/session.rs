@@ -76,9 +76,11 @@ pub async fn session(mut opts: SessionOptions) -> anyhow::Result<()> {
     let metrics = Metrics::new("icn", None);
     let http = metrics::serve(opts.metrics_bind, metrics.clone()).await?;
     let (ev_tx, mut ev_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
+    // Each configured run's lease sets the keepalive of its nodes' connections.
+    let (keepalive, idle) = tokio::sync::watch::channel(crate::conn::KEEPALIVE_IDLE);
     let _acceptor = AbortOnDrop(acceptor(
         &opts.secret,
-        MAX_MEMBERS,
+        (MAX_MEMBERS, idle),
         listener,
         ev_tx,
         &metrics,
@@ -105,6 +107,7 @@ pub async fn session(mut opts: SessionOptions) -> anyhow::Result<()> {
         held: VecDeque::new(),
         last_run: None,
         exit_after_run: false,
+        keepalive,
     };
     if let Some(cfg) = config {
         s.configure(cfg, None).map_err(anyhow::Error::msg)?;
@@ -117,6 +120,8 @@ pub async fn session(mut opts: SessionOptions) -> anyhow::Result<()> {
 
 struct Session {
     opts: SessionOptions,
+    /// The keepalive idle time of every node's control connection (from the lease).
+    keepalive: tokio::sync::watch::Sender<Duration>,
     metrics: Arc<Metrics>,
     status: Arc<Mutex<String>>,
     state: RunState,
@@ -269,6 +274,8 @@ impl Session {
             cfg.cfg.rate_hz,
             cfg.stf_size
         );
+        let idle = crate::conn::keepalive_idle(cfg.cfg.lease_ms);
+        self.keepalive.send_replace(idle);
         self.config = Some(cfg);
         self.state = RunState::Configured;
         self.new_run();
