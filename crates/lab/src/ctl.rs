@@ -142,10 +142,13 @@ impl Api {
     fn stop(&self, wait_s: f64) -> anyhow::Result<Value> {
         let st = self.status()?;
         let n = st["run_number"].as_u64().unwrap_or(0);
-        if st["state"] == "CONFIGURED" && st["last_run"].is_object() {
-            return self.ended(&st["last_run"], " (it had ended already)");
+        if let Some(done) = self.ended_already(&st) {
+            return done;
         }
-        self.command(Command::Stop.path(), &[])?;
+        if let Err(e) = self.command(Command::Stop.path(), &[]) {
+            // The run may have ended between the status and the STOP.
+            return self.ended_already(&self.status()?).unwrap_or(Err(e));
+        }
         let until = Instant::now() + Duration::from_secs_f64(wait_s.max(0.0));
         loop {
             let st = self.status()?;
@@ -160,6 +163,15 @@ impl Api {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The answer for the run just before the configured one when it ended by itself
+    /// (the session is CONFIGURED again with the next number), else None.
+    fn ended_already(&self, st: &Value) -> Option<anyhow::Result<Value>> {
+        let last = &st["last_run"];
+        let next = last["run_number"].as_u64().map(|n| n + 1);
+        let after_it = st["state"] == "CONFIGURED" && next == st["run_number"].as_u64();
+        after_it.then(|| self.ended(last, " (it had ended already)"))
     }
 
     /// The answer for a run that ended (`last` from the status): its counts and where

@@ -148,10 +148,13 @@ impl Admission {
     /// A pool for about `nodes` peers with at most `room` places.
     pub fn with_room(nodes: usize, room: usize) -> Arc<Admission> {
         let capacity = PENDING_MAX.max(nodes.saturating_mul(2)).min(room).max(1);
+        // A run's nodes on one host must not evict each other, even in a pool cut down
+        // to its share of open files.
+        let per_source = PENDING_PER_SOURCE.max(capacity / 2).max(nodes);
         Arc::new(Admission {
             pending: Mutex::new(Pending::default()),
             capacity,
-            per_source: PENDING_PER_SOURCE.max(capacity / 2).min(capacity),
+            per_source: per_source.min(capacity),
             log: LogLimit::new(LOG_PER_SECOND),
         })
     }
@@ -335,17 +338,22 @@ mod tests {
 
     #[test]
     fn a_pool_never_takes_more_than_its_share_of_open_files() {
-        let pool = Admission::with_room(300, 32);
-        let t: Vec<Ticket> = (0..100u16)
+        let pool = Admission::with_room(300, 100);
+        let t: Vec<Ticket> = (0..300u16)
             .map(|i| pool.enter(addr([10, 1, (i / 20) as u8, 1], i)))
             .collect();
-        assert_eq!(pool.pending(), 32);
+        assert_eq!(pool.pending(), 100);
         drop(t);
-        // One source may still fill it (a run on one host), never more.
-        let t: Vec<Ticket> = (0..40u16)
+        // One host's 100 nodes all keep their places in a pool cut down to 100 (half of
+        // it per source would have them evict each other).
+        let mut t: Vec<Ticket> = (0..100u16)
             .map(|i| pool.enter(addr([127, 0, 0, 1], i)))
             .collect();
-        assert_eq!(pool.pending(), 32);
+        for x in &mut t {
+            let e = x.evicted.try_recv();
+            assert_eq!(e, Err(oneshot::error::TryRecvError::Empty));
+        }
+        assert_eq!(pool.pending(), 100);
         drop(t);
     }
 

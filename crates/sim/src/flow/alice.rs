@@ -647,6 +647,32 @@ impl Sim<'_> {
         self.report(e);
     }
 
+    /// The run ends at `end`: TFs still waiting for an EPN are dropped, those still
+    /// arriving end incomplete, and the EPNs' buffer areas are closed. Returns the TFs
+    /// never scheduled (on-data, their last announcement still on its way), which stay
+    /// outside the ledger as at the runtime's ICN.
+    fn end_run(&mut self, end: Time) -> u64 {
+        self.net.advance(end);
+        for n in self.placer.drain_waiting() {
+            self.tfs[n as usize].end = Some(End::Dropped("wait_timeout"));
+        }
+        // On-data, a TF whose last announcement was still on its way at the end was never
+        // scheduled: outside the ledger, as the runtime's ICN keeps it (it has no EPN).
+        let mut unscheduled = 0u64;
+        for n in 0..self.tfs.len() as u64 {
+            match (self.tfs[n as usize].end, self.tfs[n as usize].epn) {
+                (Some(_), _) => {}
+                (None, u32::MAX) => unscheduled += 1,
+                (None, _) => self.abort(n, end, End::Incomplete("run_stopped")),
+            }
+        }
+        for ep in &mut self.epns {
+            let u = ep.used;
+            ep.set(end, u);
+        }
+        unscheduled
+    }
+
     fn start_processing(&mut self, e: u32, now: Time) {
         let ep = &mut self.epns[e as usize];
         while ep.busy < self.cfg.processing_slots {
@@ -887,24 +913,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
             }
         }
     }
-    sim.net.advance(end);
-    for n in sim.placer.drain_waiting() {
-        sim.tfs[n as usize].end = Some(End::Dropped("wait_timeout"));
-    }
-    // On-data, a TF whose last announcement was still on its way at the end was never
-    // scheduled: outside the ledger, as the runtime's ICN keeps it (it has no EPN).
-    let mut unscheduled = 0u64;
-    for n in 0..sim.tfs.len() as u64 {
-        match (sim.tfs[n as usize].end, sim.tfs[n as usize].epn) {
-            (Some(_), _) => {}
-            (None, u32::MAX) => unscheduled += 1,
-            (None, _) => sim.abort(n, end, End::Incomplete("run_stopped")),
-        }
-    }
-    for ep in &mut sim.epns {
-        let u = ep.used;
-        ep.set(end, u);
-    }
+    let unscheduled = sim.end_run(end);
     let mut incomplete_by_reason = BTreeMap::new();
     let mut dropped_by_reason = BTreeMap::new();
     let mut completed = 0u64;

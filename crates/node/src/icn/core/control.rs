@@ -145,12 +145,15 @@ impl IcnCore {
             );
             self.note(line);
         }
+        let draining = self.phase == Phase::Draining && self.interrupts == 0;
         self.on_interrupt();
-        Ok(format!(
-            "run {} stopping: {} TFs in flight",
-            self.cfg.run_id,
-            self.ledger.pending()
-        ))
+        let (id, pending) = (self.cfg.run_id, self.ledger.pending());
+        Ok(match draining {
+            true => format!(
+                "run {id} drains already ({pending} TFs in flight); stop again to stop it at once"
+            ),
+            false => format!("run {id} stopping: {pending} TFs in flight"),
+        })
     }
 
     /// A run that never started ends without a result: every node is told (EXIT first

@@ -1441,7 +1441,8 @@ fn a_first_interrupt_while_the_run_drains_by_itself_lets_it_drain() {
         Phase::Draining,
         "the run reached its length"
     );
-    h.feed(Input::Interrupt);
+    let stop = h.core.command(h.now, crate::runctl::Command::Stop).unwrap();
+    assert!(stop.contains("drains already"), "{stop}");
     assert_eq!(h.core.phase(), Phase::Draining, "the drain goes on");
     for tf in 0..4 {
         h.complete(0, tf);
