@@ -93,11 +93,10 @@ fn a_two_run_session_on_one_set_of_processes() {
     assert_eq!(one["invariant_ok"], true);
     assert_eq!(u(&one, "issued"), u(&one, "completed"), "{one}");
     assert!(one["paused_s"].as_f64().unwrap() >= 0.5, "{one}");
-    assert!(dir.join("res/run-1/report.html").is_file());
-    assert!(
-        dir.join("res/run-1/run_start_us").is_file(),
-        "START's own actions reach the run's files"
-    );
+    // START's own actions (the run's start) reach the run's files.
+    for file in ["report.html", "run_start_us"] {
+        assert!(dir.join("res/run-1").join(file).is_file(), "{file}");
+    }
     // Reconfigured between runs: the same processes run run 2.
     let line = ok(http, secret, &["configure", run_b.to_str().unwrap()]);
     assert!(line.starts_with("run 2 configured"), "{line}");
@@ -126,24 +125,28 @@ fn a_two_run_session_on_one_set_of_processes() {
         );
     }
     assert!(ok(http, secret, &["status"]).starts_with("CONFIGURED run 3"));
-    // A run of a set length ends by itself; a script's stop after it still succeeds.
-    let short = dir.join("short.toml");
-    let run = "[run]\nflps = 2\nepns = 2\nrate_hz = 200\ntfs = 40\nstf_size = \"16KiB\"\n";
-    std::fs::write(&short, run).unwrap();
-    ok(http, secret, &["configure", short.to_str().unwrap()]);
-    assert_eq!(ok(http, secret, &["start"]), "run 3 started");
-    wait_status(http, secret, |st| st["last_run"]["run_number"] == 3);
-    let end = ok(http, secret, &["stop"]);
-    assert!(
-        end.starts_with("run 3 ended (it had ended already): issued 40 "),
-        "{end}"
-    );
+    stop_after_a_run_that_ended_by_itself(dir, &s, 3);
     assert_eq!(ok(http, secret, &["exit"]), "the session ends");
     let mut s = s;
     for p in nodes.iter_mut().chain([&mut s.icn]) {
         let st = p.wait(20);
         assert!(st.success(), "{} ended with {st}", p.name);
     }
+}
+
+/// A run of a set length ends by itself; a script's stop after it still succeeds and
+/// names that run (run `n`, on the session's nodes: 2 FLPs, 2 EPNs).
+fn stop_after_a_run_that_ended_by_itself(dir: &Path, s: &Session, n: u64) {
+    let (http, secret) = (s.http, s.secret.as_path());
+    let short = dir.join("short.toml");
+    let run = "[run]\nflps = 2\nepns = 2\nrate_hz = 200\ntfs = 40\nstf_size = \"16KiB\"\n";
+    std::fs::write(&short, run).unwrap();
+    ok(http, secret, &["configure", short.to_str().unwrap()]);
+    assert_eq!(ok(http, secret, &["start"]), format!("run {n} started"));
+    wait_status(http, secret, |st| st["last_run"]["run_number"] == n);
+    let end = ok(http, secret, &["stop"]);
+    let want = format!("run {n} ended (it had ended already): issued 40 ");
+    assert!(end.starts_with(&want), "{end}");
 }
 
 #[test]

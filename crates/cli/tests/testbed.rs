@@ -549,64 +549,34 @@ fn a_node_whose_host_dies_before_its_run_starts_gives_its_id_back() {
     let cfg = dir.join("run.toml");
     let run = "flps = 1\nepns = 1\nrate_hz = 50\ntfs = 100\nstf_size = \"16KiB\"\n";
     std::fs::write(&cfg, run).unwrap();
-    let (h1, h2, h3) = (
-        format!("{name}-h1"),
-        format!("{name}-h2"),
-        format!("{name}-h3"),
-    );
-    let control = "192.168.1.1:7400";
-    let results = dir.join("results");
+    let host = |h: u32| format!("{name}-h{h}");
+    let (control, results) = ("192.168.1.1:7400", dir.join("results"));
+    let (cfg, res) = (cfg.to_str().unwrap(), results.to_str().unwrap());
     let icn_args = [
         "icn",
         "--control",
         control,
         "--config",
-        cfg.to_str().unwrap(),
+        cfg,
+        "--results-dir",
+        res,
     ];
-    let results_arg = ["--results-dir", results.to_str().unwrap()];
-    let mut icn = in_host(
-        &h1,
-        dir,
-        "icn.log",
-        &[&icn_args[..], &results_arg[..]].concat(),
-    );
+    let mut icn = in_host(&host(1), dir, "icn.log", &icn_args);
     let flp_args = ["flp", "--icn", control, "--id", "0"];
-    let mut first = in_host(&h2, dir, "flp-first.log", &flp_args);
-    let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !log("icn.log").contains("registered FLP 0") {
-        assert!(
-            std::time::Instant::now() < until,
-            "FLP 0 never registered: {}",
-            log("icn.log")
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let mut first = in_host(&host(2), dir, "flp-first.log", &flp_args);
+    let registered = |n: usize| move |log: &str| log.matches("registered FLP 0").count() >= n;
+    wait_for_log(dir, "icn.log", 30, registered(1));
     // Host 2 dies: its link goes down first, so the kill closes nothing the ICN sees.
-    run_ok(Command::new("ip").args(["-n", &h2, "link", "set", "eth0", "down"]));
+    run_ok(Command::new("ip").args(["-n", &host(2), "link", "set", "eth0", "down"]));
     first.kill9();
     // FLP 0 comes back on host 3: refused while the dead connection holds its id, it
     // tries again, and registers once keepalive has closed that connection.
-    let mut again = in_host(&h3, dir, "flp-again.log", &flp_args);
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(45);
-    while log("icn.log").matches("registered FLP 0").count() < 2 {
-        assert!(
-            std::time::Instant::now() < until,
-            "FLP 0 never registered again: {}",
-            log("icn.log")
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let epn_args = [
-        "epn",
-        "--icn",
-        control,
-        "--id",
-        "0",
-        "--data-bind",
-        "192.168.1.3:0",
-    ];
-    let mut epn = in_host(&h3, dir, "epn.log", &epn_args);
+    let mut again = in_host(&host(3), dir, "flp-again.log", &flp_args);
+    wait_for_log(dir, "icn.log", 45, registered(2));
+    let data = ["--data-bind", "192.168.1.3:0"];
+    let epn_args = [&["epn", "--icn", control, "--id", "0"][..], &data].concat();
+    let mut epn = in_host(&host(3), dir, "epn.log", &epn_args);
+    let log = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
     assert!(icn.wait(90).success(), "ICN: {}", log("icn.log"));
     assert!(again.wait(30).success(), "FLP: {}", log("flp-again.log"));
     assert!(epn.wait(30).success(), "EPN: {}", log("epn.log"));
@@ -619,4 +589,20 @@ fn a_node_whose_host_dies_before_its_run_starts_gives_its_id_back() {
             && icn_log.contains("left before the run: Connection timed out"),
         "the restarted FLP was refused while the dead connection held its id: {icn_log}"
     );
+}
+
+/// Waits up to `secs` until `dir/file` satisfies `done`.
+fn wait_for_log(dir: &std::path::Path, file: &str, secs: u64, done: impl Fn(&str) -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        if done(&text) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{file} never got there: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
