@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 
 use fanin_proto::{Message, Nonce, MAX_CONTROL_BODY};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::conn::{read_frame_within, write_msg};
 use crate::metrics::Metrics;
@@ -195,22 +196,39 @@ impl Admission {
         victim.is_some_and(|v| p.by_ticket.remove(&v).is_some())
     }
 
-    /// What an accept loop does after `accept` failed (`what` names the listener):
-    /// counted and logged (at a bounded rate); out of open files, a connection still
-    /// proving itself is shed and the loop goes on after a moment for it to close,
-    /// else it waits a little before accepting again.
-    pub async fn after_accept_error(&self, e: &std::io::Error, what: &str, metrics: &Metrics) {
-        metrics.error("accept");
-        let out_of_files = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
-        let shed = out_of_files && self.shed();
-        self.log.warn(|| match shed {
-            true => format!(
-                "{what}: accept failed: {e}; the oldest unproven connection is closed to make room"
-            ),
-            false => format!("{what}: accept failed: {e}"),
-        });
-        let pause = if shed { 2 } else { 50 };
-        tokio::time::sleep(Duration::from_millis(pause)).await;
+    /// The next connection on `listener` (`what` names it in log lines), with its place
+    /// in the pool. Whoever the newcomer evicted closes before the next accept (the
+    /// caller's task yields once here), so a flood holds about the pool's places. A
+    /// failed `accept` is counted and logged (at a bounded rate); out of open files, a
+    /// connection still proving itself is shed and the next try comes after a moment
+    /// for it to close, else after 50 ms.
+    pub async fn accept(
+        self: &Arc<Self>,
+        listener: &TcpListener,
+        what: &str,
+        metrics: &Metrics,
+    ) -> (TcpStream, SocketAddr, Ticket) {
+        loop {
+            let e = match listener.accept().await {
+                Ok((s, peer)) => {
+                    let ticket = self.enter(peer);
+                    tokio::task::yield_now().await;
+                    return (s, peer, ticket);
+                }
+                Err(e) => e,
+            };
+            metrics.error("accept");
+            let out_of_files = matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+            let shed = out_of_files && self.shed();
+            self.log.warn(|| match shed {
+                true => format!(
+                    "{what}: accept failed: {e}; the oldest unproven connection is closed to make room"
+                ),
+                false => format!("{what}: accept failed: {e}"),
+            });
+            let pause = if shed { 2 } else { 50 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
     }
 }
 

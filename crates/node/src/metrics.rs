@@ -379,14 +379,7 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
     let pool = crate::admission::Admission::new(0);
     tokio::spawn(async move {
         loop {
-            let (s, peer) = match listener.accept().await {
-                Ok(x) => x,
-                Err(e) => {
-                    pool.after_accept_error(&e, "metrics port", &metrics).await;
-                    continue;
-                }
-            };
-            let mut ticket = pool.enter(peer);
+            let (s, _, mut ticket) = pool.accept(&listener, "metrics port", &metrics).await;
             let m = metrics.clone();
             tokio::spawn(async move {
                 let exchange = tokio::time::timeout(HTTP_EXCHANGE, answer(s, m));
@@ -395,8 +388,6 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
                     _ = &mut ticket.evicted => {}
                 }
             });
-            // Whoever the newcomer evicted closes before the next accept.
-            tokio::task::yield_now().await;
         }
     });
     Ok(local)

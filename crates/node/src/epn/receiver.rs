@@ -123,29 +123,18 @@ pub struct DataCtx {
 pub async fn accept_loop(listener: Arc<TcpListener>, ctx: Arc<DataCtx>) {
     // One connection per FLP once proven; the proving ones share the admission pool.
     let members = Arc::new(tokio::sync::Semaphore::new(ctx.flps as usize * 2 + 4));
+    let what = format!("EPN {} data port", ctx.me);
     loop {
-        match listener.accept().await {
-            Ok((s, peer)) => {
-                let ticket = ctx.admission.enter(peer);
-                let (ctx, members) = (ctx.clone(), members.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = serve_flp(s, peer, ticket, &members, &ctx).await {
-                        let me = ctx.me;
-                        ctx.admission
-                            .log
-                            .warn(|| format!("EPN {me}: data peer {peer}: {e}; closing"));
-                    }
-                });
-                // Whoever the newcomer evicted closes before the next accept.
-                tokio::task::yield_now().await;
-            }
-            Err(e) => {
-                let what = format!("EPN {} data port", ctx.me);
+        let (s, peer, ticket) = ctx.admission.accept(&listener, &what, &ctx.metrics).await;
+        let (ctx, members) = (ctx.clone(), members.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serve_flp(s, peer, ticket, &members, &ctx).await {
+                let me = ctx.me;
                 ctx.admission
-                    .after_accept_error(&e, &what, &ctx.metrics)
-                    .await;
+                    .log
+                    .warn(|| format!("EPN {me}: data peer {peer}: {e}; closing"));
             }
-        }
+        });
     }
 }
 

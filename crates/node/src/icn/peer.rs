@@ -52,31 +52,19 @@ pub async fn accept_loop(
     let members = Arc::new(Semaphore::new(max_peers));
     let admission = Admission::new(max_peers);
     loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let conn = next;
-                next += 1;
-                let ticket = admission.enter(peer);
-                let ctx = PeerCtx {
-                    events: events.clone(),
-                    metrics: metrics.clone(),
-                    secret: secret.clone(),
-                    members: members.clone(),
-                    admission: admission.clone(),
-                    idle: idle.clone(),
-                };
-                tokio::spawn(serve_peer(conn, stream, peer, ticket, ctx));
-                // Whoever the newcomer evicted closes before the next accept, so a flood
-                // never holds more open files than the pool's places.
-                tokio::task::yield_now().await;
-            }
-            // e.g. out of open files: keep serving the peers we have.
-            Err(e) => {
-                admission
-                    .after_accept_error(&e, "ICN control port", &metrics)
-                    .await
-            }
-        }
+        let what = "ICN control port";
+        let (stream, peer, ticket) = admission.accept(&listener, what, &metrics).await;
+        let conn = next;
+        next += 1;
+        let ctx = PeerCtx {
+            events: events.clone(),
+            metrics: metrics.clone(),
+            secret: secret.clone(),
+            members: members.clone(),
+            admission: admission.clone(),
+            idle: idle.clone(),
+        };
+        tokio::spawn(serve_peer(conn, stream, peer, ticket, ctx));
     }
 }
 

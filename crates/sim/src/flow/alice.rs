@@ -647,6 +647,134 @@ impl Sim<'_> {
         self.report(e);
     }
 
+    /// Flows that finished at `t` end; true if one of them completed its TF.
+    fn flows_finished(&mut self, t: Time) -> bool {
+        let mut built = false;
+        for id in self.net.finished() {
+            let n = self.flow_tf[id as usize];
+            self.net.stop(id);
+            self.changed = true;
+            let tf = &mut self.tfs[n as usize];
+            if let Some(k) = tf.flows.iter().position(|&x| x == id) {
+                tf.flows.swap_remove(k);
+            }
+            tf.left -= 1;
+            if tf.left == 0 && tf.end.is_none() {
+                self.built(n, t);
+                built = true;
+            }
+            self.release(id);
+        }
+        built
+    }
+
+    /// EPN `e` processed TF `n` (unless it failed since: another `epoch`); true if so.
+    fn processed(&mut self, e: u32, n: u64, epoch: u32, t: Time) -> bool {
+        if epoch != self.epns[e as usize].epoch {
+            return false;
+        }
+        let bytes = self.tfs[n as usize].bytes;
+        let ep = &mut self.epns[e as usize];
+        ep.busy -= 1;
+        let used = ep.used - bytes;
+        ep.set(t, used);
+        self.start_processing(e, t);
+        self.report(e);
+        true
+    }
+
+    /// EPN `e` fails at `t`: TFs still arriving at it are lost with it (built ones were
+    /// reported), and it starts empty when it comes back.
+    fn fail(&mut self, e: u32, t: Time) {
+        self.placer.policy_mut().remove_epn(e);
+        let lost: Vec<u64> = (0..self.tfs.len() as u64)
+            .filter(|&n| {
+                let tf = &self.tfs[n as usize];
+                tf.epn == e && tf.end.is_none()
+            })
+            .collect();
+        for n in lost {
+            self.abort(n, t, End::Dropped("epn_lost"));
+        }
+        let ep = &mut self.epns[e as usize];
+        ep.epoch += 1;
+        ep.queue.clear();
+        ep.busy = 0;
+        ep.receiving = 0;
+        ep.set(t, 0.0);
+    }
+    /// The run ends at `end`; its summary (`totals`: STF bytes issued, EPN failures and
+    /// the most flows at once, counted by the event loop).
+    fn summary(
+        mut self,
+        scale: Scale,
+        end: Time,
+        (stf_bytes_total, failures, peak_flows): (f64, u64, usize),
+    ) -> AliceSummary {
+        let (cfg, agg) = (self.cfg, self.agg);
+        let unscheduled = self.end_run(end);
+        let mut incomplete_by_reason = BTreeMap::new();
+        let mut dropped_by_reason = BTreeMap::new();
+        let mut completed = 0u64;
+        for tf in &self.tfs {
+            match tf.end {
+                Some(End::Completed) => completed += 1,
+                Some(End::Incomplete(r)) => {
+                    *incomplete_by_reason.entry(r.to_string()).or_insert(0) += 1
+                }
+                Some(End::Dropped(r)) => *dropped_by_reason.entry(r.to_string()).or_insert(0) += 1,
+                None => {}
+            }
+        }
+        let incomplete: u64 = incomplete_by_reason.values().sum();
+        let dropped: u64 = dropped_by_reason.values().sum();
+        let issued = self.tfs.len() as u64 - unscheduled;
+        let mut latencies = std::mem::take(&mut self.latencies);
+        latencies.sort_by(f64::total_cmp);
+        let pct = |p: f64| -> f64 { fanin_report::percentile(&latencies, p).unwrap_or(0.0) };
+        let secs_total = end as f64 / SEC as f64;
+        let net = &self.net;
+        let util = |links: &[u32]| -> Vec<f64> {
+            links
+                .iter()
+                .map(|&l| net.links[l as usize].carried / (net.links[l as usize].cap * secs_total))
+                .collect()
+        };
+        let fu = util(&self.flp_links);
+        let eu = util(&self.epn_links);
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        AliceSummary {
+            policy: cfg.policy.name().to_string(),
+            stf_bytes_mean: stf_bytes_total / (issued.max(1) as f64 * scale.flps as f64),
+            scale,
+            issued,
+            completed,
+            incomplete,
+            dropped,
+            incomplete_by_reason,
+            dropped_by_reason,
+            invariant_ok: issued == completed + incomplete + dropped,
+            latency_mean_s: mean(&latencies),
+            latency_p50_s: pct(0.5),
+            latency_p99_s: pct(0.99),
+            latency_max_s: latencies.last().copied().unwrap_or(0.0),
+            buffer_mean_frac: self.epns.iter().map(|e| e.area).sum::<f64>()
+                / (self.epns.len() as f64 * self.buffer * secs_total),
+            buffer_peak_frac: self.epns.iter().map(|e| e.peak).fold(0.0, f64::max) / self.buffer,
+            flp_link_util: mean(&fu),
+            epn_link_util: mean(&eu),
+            epn_link_util_max: eu.iter().copied().fold(0.0, f64::max),
+            goodput_tbps: self.completed_bytes * 8.0 / cfg.duration_s.max(1e-9) / 1e12,
+            epn_failures: failures,
+            waited: self.waited,
+            flows: self.flows_started,
+            solves: self.net.solves,
+            events: self.q.processed,
+            peak_flows,
+            aggregated: agg,
+        }
+    }
+
     /// The run ends at `end`: TFs still waiting for an EPN are dropped, those still
     /// arriving end incomplete, and the EPNs' buffer areas are closed. Returns the TFs
     /// never scheduled (on-data, their last announcement still on its way), which stay
@@ -701,70 +829,78 @@ impl Sim<'_> {
 }
 
 /// Runs one configuration with its policy.
+impl<'a> Sim<'a> {
+    /// The links, the EPNs (some slow) and the policy of a run of `cfg` at `scale`.
+    fn new(cfg: &'a AliceConfig, scale: &Scale, proc: Proc) -> Sim<'a> {
+        let mut net = Fluid::new();
+        let agg = cfg.aggregate;
+        let flp_links: Vec<u32> = (0..if agg { 1 } else { scale.flps })
+            .map(|_| net.add_link(scale.flp_nic_gbps * 1e9))
+            .collect();
+        let epn_share = if agg { scale.flps as f64 } else { 1.0 };
+        let epn_links: Vec<u32> = (0..scale.epns)
+            .map(|_| net.add_link(scale.epn_nic_gbps * 1e9 / epn_share))
+            .collect();
+        let mut rng_slow = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0xc0ac_29b7_c97c_50dd);
+        let epns: Vec<Epn> = (0..scale.epns)
+            .map(|_| Epn {
+                used: 0.0,
+                peak: 0.0,
+                area: 0.0,
+                since: 0,
+                queue: VecDeque::new(),
+                busy: 0,
+                receiving: 0,
+                slow: rng_slow.gen_bool(cfg.slow_epn_frac),
+                epoch: 0,
+            })
+            .collect();
+        let mut sim = Sim {
+            cfg,
+            net,
+            q: Queue::new(),
+            placer: Placer::new(policy_config(cfg).build()),
+            gather: Gather::new(scale.flps),
+            epns,
+            tfs: Vec::new(),
+            flp_links,
+            epn_links,
+            flow_tf: Vec::new(),
+            flow_flp: Vec::new(),
+            tokens: cfg
+                .flp_tokens
+                .map(|t| fanin_sched::TokenManager::new(t, cfg.epn_tokens.unwrap_or(1))),
+            waited: 0,
+            buffer: cfg.epn_buffer_gb * 1e9,
+            agg,
+            changed: false,
+            latencies: Vec::new(),
+            completed_bytes: 0.0,
+            flows_started: 0,
+            rng_proc: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x4528_21e6_38d0_1377),
+            proc,
+        };
+        // Capacity weights (weighted round robin): a slow EPN weighs 1 / slow_factor.
+        for e in 0..scale.epns {
+            let w = if sim.epns[e as usize].slow {
+                (10.0 / cfg.slow_factor.max(1e-9)).round().max(1.0) as u32
+            } else {
+                10
+            };
+            if cfg.epn_weights.is_empty() {
+                sim.placer.policy_mut().set_weight(e, w);
+            }
+            sim.placer.policy_mut().add_epn(e);
+            sim.report(e);
+        }
+        sim
+    }
+}
+
 pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
     let (scale, size, proc) = cfg.check()?;
-    let mut net = Fluid::new();
-    let agg = cfg.aggregate;
-    let flp_links: Vec<u32> = (0..if agg { 1 } else { scale.flps })
-        .map(|_| net.add_link(scale.flp_nic_gbps * 1e9))
-        .collect();
-    let epn_share = if agg { scale.flps as f64 } else { 1.0 };
-    let epn_links: Vec<u32> = (0..scale.epns)
-        .map(|_| net.add_link(scale.epn_nic_gbps * 1e9 / epn_share))
-        .collect();
+    let mut sim = Sim::new(cfg, &scale, proc);
     let mut rng_fail = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0xbe54_66cf_34e9_0c6c);
-    let mut rng_slow = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0xc0ac_29b7_c97c_50dd);
-    let epns: Vec<Epn> = (0..scale.epns)
-        .map(|_| Epn {
-            used: 0.0,
-            peak: 0.0,
-            area: 0.0,
-            since: 0,
-            queue: VecDeque::new(),
-            busy: 0,
-            receiving: 0,
-            slow: rng_slow.gen_bool(cfg.slow_epn_frac),
-            epoch: 0,
-        })
-        .collect();
-    let mut sim = Sim {
-        cfg,
-        net,
-        q: Queue::new(),
-        placer: Placer::new(policy_config(cfg).build()),
-        gather: Gather::new(scale.flps),
-        epns,
-        tfs: Vec::new(),
-        flp_links,
-        epn_links,
-        flow_tf: Vec::new(),
-        flow_flp: Vec::new(),
-        tokens: cfg
-            .flp_tokens
-            .map(|t| fanin_sched::TokenManager::new(t, cfg.epn_tokens.unwrap_or(1))),
-        waited: 0,
-        buffer: cfg.epn_buffer_gb * 1e9,
-        agg,
-        changed: false,
-        latencies: Vec::new(),
-        completed_bytes: 0.0,
-        flows_started: 0,
-        rng_proc: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x4528_21e6_38d0_1377),
-        proc,
-    };
-    // Capacity weights (weighted round robin): a slow EPN weighs 1 / slow_factor.
-    for e in 0..scale.epns {
-        let w = if sim.epns[e as usize].slow {
-            (10.0 / cfg.slow_factor.max(1e-9)).round().max(1.0) as u32
-        } else {
-            10
-        };
-        if cfg.epn_weights.is_empty() {
-            sim.placer.policy_mut().set_weight(e, w);
-        }
-        sim.placer.policy_mut().add_epn(e);
-        sim.report(e);
-    }
     let period = 1.0 / scale.tf_rate_hz;
     let n_tfs = (cfg.duration_s * scale.tf_rate_hz).round() as u64;
     let stop_issue = secs(cfg.duration_s);
@@ -824,21 +960,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
                 if finish_at == Some(t) {
                     finish_at = None;
                 }
-                for id in sim.net.finished() {
-                    let n = sim.flow_tf[id as usize];
-                    sim.net.stop(id);
-                    sim.changed = true;
-                    let tf = &mut sim.tfs[n as usize];
-                    if let Some(k) = tf.flows.iter().position(|&x| x == id) {
-                        tf.flows.swap_remove(k);
-                    }
-                    tf.left -= 1;
-                    if tf.left == 0 && tf.end.is_none() {
-                        sim.built(n, t);
-                        retry = true;
-                    }
-                    sim.release(id);
-                }
+                retry = sim.flows_finished(t);
             }
             Ev::Timeout(n) => {
                 if sim.tfs[n as usize].end.is_none() && sim.tfs[n as usize].epn != u32::MAX {
@@ -850,37 +972,10 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
                 epn: e,
                 tf: n,
                 epoch,
-            } => {
-                if epoch == sim.epns[e as usize].epoch {
-                    let bytes = sim.tfs[n as usize].bytes;
-                    let ep = &mut sim.epns[e as usize];
-                    ep.busy -= 1;
-                    let used = ep.used - bytes;
-                    ep.set(t, used);
-                    sim.start_processing(e, t);
-                    sim.report(e);
-                    retry = true;
-                }
-            }
+            } => retry = sim.processed(e, n, epoch, t),
             Ev::Fail(e) => {
                 failures += 1;
-                sim.placer.policy_mut().remove_epn(e);
-                // TFs still arriving at it are lost with it (built ones were reported).
-                let lost: Vec<u64> = (0..sim.tfs.len() as u64)
-                    .filter(|&n| {
-                        let tf = &sim.tfs[n as usize];
-                        tf.epn == e && tf.end.is_none()
-                    })
-                    .collect();
-                for n in lost {
-                    sim.abort(n, t, End::Dropped("epn_lost"));
-                }
-                let ep = &mut sim.epns[e as usize];
-                ep.epoch += 1;
-                ep.queue.clear();
-                ep.busy = 0;
-                ep.receiving = 0;
-                ep.set(t, 0.0);
+                sim.fail(e, t);
                 let back = t + secs(exp(&mut rng_fail, cfg.mttr_s));
                 if back < end {
                     sim.q.at(back, Ev::Return(e));
@@ -913,67 +1008,7 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
             }
         }
     }
-    let unscheduled = sim.end_run(end);
-    let mut incomplete_by_reason = BTreeMap::new();
-    let mut dropped_by_reason = BTreeMap::new();
-    let mut completed = 0u64;
-    for tf in &sim.tfs {
-        match tf.end {
-            Some(End::Completed) => completed += 1,
-            Some(End::Incomplete(r)) => {
-                *incomplete_by_reason.entry(r.to_string()).or_insert(0) += 1
-            }
-            Some(End::Dropped(r)) => *dropped_by_reason.entry(r.to_string()).or_insert(0) += 1,
-            None => {}
-        }
-    }
-    let incomplete: u64 = incomplete_by_reason.values().sum();
-    let dropped: u64 = dropped_by_reason.values().sum();
-    let issued = sim.tfs.len() as u64 - unscheduled;
-    let mut latencies = std::mem::take(&mut sim.latencies);
-    latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| -> f64 { fanin_report::percentile(&latencies, p).unwrap_or(0.0) };
-    let secs_total = end as f64 / SEC as f64;
-    let net = &sim.net;
-    let util = |links: &[u32]| -> Vec<f64> {
-        links
-            .iter()
-            .map(|&l| net.links[l as usize].carried / (net.links[l as usize].cap * secs_total))
-            .collect()
-    };
-    let fu = util(&sim.flp_links);
-    let eu = util(&sim.epn_links);
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    Ok(AliceSummary {
-        policy: cfg.policy.name().to_string(),
-        stf_bytes_mean: stf_bytes_total / (issued.max(1) as f64 * scale.flps as f64),
-        scale,
-        issued,
-        completed,
-        incomplete,
-        dropped,
-        incomplete_by_reason,
-        dropped_by_reason,
-        invariant_ok: issued == completed + incomplete + dropped,
-        latency_mean_s: mean(&latencies),
-        latency_p50_s: pct(0.5),
-        latency_p99_s: pct(0.99),
-        latency_max_s: latencies.last().copied().unwrap_or(0.0),
-        buffer_mean_frac: sim.epns.iter().map(|e| e.area).sum::<f64>()
-            / (sim.epns.len() as f64 * sim.buffer * secs_total),
-        buffer_peak_frac: sim.epns.iter().map(|e| e.peak).fold(0.0, f64::max) / sim.buffer,
-        flp_link_util: mean(&fu),
-        epn_link_util: mean(&eu),
-        epn_link_util_max: eu.iter().copied().fold(0.0, f64::max),
-        goodput_tbps: sim.completed_bytes * 8.0 / cfg.duration_s.max(1e-9) / 1e12,
-        epn_failures: failures,
-        waited: sim.waited,
-        flows: sim.flows_started,
-        solves: sim.net.solves,
-        events: sim.q.processed,
-        peak_flows,
-        aggregated: agg,
-    })
+    Ok(sim.summary(scale, end, (stf_bytes_total, failures, peak_flows)))
 }
 
 /// How long after its time each FLP's STF of TF `n` is read out: uniform(0,
