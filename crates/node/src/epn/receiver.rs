@@ -69,11 +69,20 @@ impl BufPool {
     /// A buffer of `n` bytes. The budget charges `n`, so its capacity stays within twice
     /// that: a pooled buffer larger is shrunk (a small STF must not pin a large
     /// allocation); one too small grows as a `Vec` does (at most doubling, so to less
-    /// than `2n`). Equal STF sizes, the common case, reuse buffers as they are.
+    /// than `2n`). Equal STF sizes, the common case, reuse buffers as they are; with
+    /// mixed sizes one of the newest that fits is taken before any is shrunk.
     pub fn take(&self, n: usize) -> Vec<u8> {
+        /// Free buffers looked at for one that fits (a bounded cost per STF).
+        const FIT_SCAN: usize = 16;
         let mut v = {
             let mut g = self.free.lock().unwrap();
-            match g.0.pop() {
+            // Among the newest few, one that fits as it is (with mixed sizes, no shrink
+            // and regrow per STF), else the newest.
+            let fits = |v: &&Vec<u8>| (n..=2 * n + SLACK).contains(&v.capacity());
+            let last = g.0.len().checked_sub(1);
+            let fit = g.0.iter().rev().take(FIT_SCAN).position(|v| fits(&v));
+            let at = fit.map(|k| g.0.len() - 1 - k).or(last);
+            match at.map(|i| g.0.swap_remove(i)) {
                 Some(v) => {
                     g.1 -= v.capacity() as u64;
                     v
@@ -309,13 +318,18 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
             unless(replaced, keep).await?
         } else {
             // Build buffer full: the named policy is to drop the TF, reading the bytes away.
-            let mut left = n;
-            while left > 0 {
-                let k = left.min(scratch.len());
-                let read = rd.read_exact(&mut scratch[..k]);
-                unless(replaced, async { Ok(read.await.map_err(ConnError::from)?) }).await?;
-                left -= k;
-            }
+            let read_away = async {
+                let mut left = n;
+                while left > 0 {
+                    let k = left.min(scratch.len());
+                    rd.read_exact(&mut scratch[..k])
+                        .await
+                        .map_err(ConnError::from)?;
+                    left -= k;
+                }
+                Ok(())
+            };
+            unless(replaced, read_away).await?;
             ctx.metrics.stf("dropped", Reason::EpnBufferFull.name(), 1);
             BuildEvent::Lost {
                 tf: sh.tf_id,
@@ -538,6 +552,24 @@ mod tests {
             (again.as_ptr(), again.len()),
             (at, 1 << 20),
             "the same buffer"
+        );
+    }
+
+    /// Mixed sizes: a small STF takes the small buffer that fits, not the newest large
+    /// one (which would be shrunk, and grown again for the next large STF).
+    #[test]
+    fn mixed_sizes_take_the_buffer_that_fits() {
+        let pool = BufPool::new(Arc::new(ByteBudget::new(64 << 20)));
+        let small = vec![1u8; 4096];
+        let at = small.as_ptr();
+        pool.put(small);
+        pool.put(vec![2u8; 1 << 20]);
+        let got = pool.take(4096);
+        assert_eq!(got.as_ptr(), at, "the small buffer, as it is");
+        let big = pool.take(1 << 20);
+        assert!(
+            big.capacity() >= 1 << 20 && big[0] == 2,
+            "the large one, unshrunk"
         );
     }
 }

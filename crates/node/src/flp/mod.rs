@@ -121,10 +121,7 @@ pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
     .await;
     // Given up with a run kept: what the ICN released goes back (the rest stays for
     // whichever FLP attaches next, as after a crash).
-    let k = kept.borrow_mut().take();
-    if let Some(k) = k {
-        k.shell.abandon(false).await;
-    }
+    abandon_kept(&kept, false).await;
     res
 }
 
@@ -135,6 +132,14 @@ struct KeptRun {
     run_id: u64,
     shell: Shell,
     done: mpsc::Receiver<(StfJob, bool)>,
+}
+
+/// Gives the kept run up, if any (`over`: its run ended, so what it scheduled goes too).
+async fn abandon_kept(kept: &std::cell::RefCell<Option<KeptRun>>, over: bool) {
+    let k = kept.borrow_mut().take();
+    if let Some(k) = k {
+        k.shell.abandon(over).await;
+    }
 }
 
 async fn run_once(
@@ -152,10 +157,7 @@ async fn run_once(
     };
     // Its run is over: nothing to join.
     let Some((icn, mut joined)) = joined else {
-        let k = kept.borrow_mut().take();
-        if let Some(k) = k {
-            k.shell.abandon(true).await;
-        }
+        abandon_kept(kept, true).await;
         return Ok(());
     };
     own.joined(joined.run_id);
