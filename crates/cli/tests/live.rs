@@ -271,7 +271,29 @@ fn a_session_driven_through_the_page_buttons() {
         b.text("ctlmsg")
             .contains("start refused: run control needs the token")
     });
+    cross_site_post(&mut b, s.http);
     assert_eq!(ok(s.http, &s.secret, &["exit"]), "the session ends");
+}
+
+/// The browser POSTs from this page to the ICN under another name (`localhost`, so
+/// another site): it sends its `Origin`, and the ICN refuses before it looks at a token.
+fn cross_site_post(b: &mut Browser, http: std::net::SocketAddr) {
+    let errors = |kind: &str| {
+        let m = http_get(http, "/metrics").unwrap_or_default();
+        metric(
+            &m,
+            &["fanin_protocol_errors_total", &format!("kind=\"{kind}\"")],
+        )
+    };
+    let unauthorized = errors("ctl_unauthorized");
+    let post = format!(
+        "fetch('http://localhost:{}/ctl/start', {{method: 'POST', mode: 'no-cors', body: ''}}).then(() => 'sent', e => String(e))",
+        http.port()
+    );
+    assert_eq!(b.eval(&post), "sent");
+    assert_eq!(errors("cross_origin"), 1.0, "the ICN saw the page's Origin");
+    assert_eq!(errors("ctl_unauthorized"), unauthorized);
+    assert_eq!(b.text("state"), "CONFIGURED");
 }
 
 /// DevTools' target list (it answers only requests whose Host is an address).

@@ -78,7 +78,27 @@ pub struct Request {
     pub path: String,
     /// The `Authorization` header's value, if any.
     pub authorization: Option<String>,
+    /// The `Origin` and `Host` headers (a browser sends `Origin` with every POST).
+    pub origin: Option<String>,
+    pub host: Option<String>,
     pub body: Vec<u8>,
+}
+
+impl Request {
+    /// A browser's request from another site's page: an `Origin` that is not this
+    /// server. Such a page must not change anything here (cross-site request forgery),
+    /// secret or not; `fanin ctl`, curl and the live page itself pass.
+    pub fn from_another_site(&self) -> bool {
+        match (&self.origin, &self.host) {
+            (None, _) => false,
+            (Some(origin), Some(host)) => {
+                let origin = origin.trim_end_matches('/').to_ascii_lowercase();
+                let host = host.to_ascii_lowercase();
+                origin != format!("http://{host}")
+            }
+            (Some(_), None) => true,
+        }
+    }
 }
 
 /// An endpoint's answer: status line ("200 OK"), content type, body.
@@ -459,11 +479,13 @@ fn parse_head(head: &str) -> Result<Request, String> {
         (Some(m), Some(p)) => (m.to_string(), p.to_string()),
         _ => return Err("no request line".into()),
     };
-    let authorization = header(head, "authorization").map(str::to_string);
+    let owned = |name| header(head, name).map(str::to_string);
     Ok(Request {
         method,
         path,
-        authorization,
+        authorization: owned("authorization"),
+        origin: owned("origin"),
+        host: owned("host"),
         body: Vec::new(),
     })
 }
@@ -492,6 +514,18 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
     let path = req.path.split(['?', '#']).next().unwrap_or("");
     if (req.method.as_str(), path) == ("GET", "/metrics") {
         return Reply::ok(TEXT, m.render());
+    }
+    if req.method != "GET" && req.from_another_site() {
+        m.error("cross_origin");
+        let origin = req.origin.as_deref().unwrap_or_default();
+        return Reply {
+            status: "403 Forbidden",
+            kind: TEXT,
+            body: format!(
+                "{} {path}: refused, a page from {origin} may not change anything here\n",
+                req.method
+            ),
+        };
     }
     // The handler runs without the lock: a run-control command may wait for the ICN.
     let route = m
@@ -568,6 +602,49 @@ mod tests {
     }
 
     use super::*;
+
+    /// A page from another site cannot POST here (cross-site request forgery), with or
+    /// without a run secret; a request without `Origin` (fanin ctl, curl) or from this
+    /// server's own page is served.
+    #[test]
+    fn a_page_from_another_site_changes_nothing() {
+        let m = Metrics::new("icn", None);
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let c = calls.clone();
+        let handler = move |_: &Request| {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Reply::ok(TEXT, "done".into())
+        };
+        m.route("POST", "/ctl/exit", Box::new(handler));
+        let post = |origin: Option<&str>, host: &str| Request {
+            method: "POST".into(),
+            path: "/ctl/exit".into(),
+            authorization: None,
+            origin: origin.map(str::to_string),
+            host: Some(host.into()),
+            body: Vec::new(),
+        };
+        let status = |r: Request| respond(&m, &r).status;
+        let here = "10.0.0.1:9100";
+        assert_eq!(
+            status(post(Some("http://evil.example"), here)),
+            "403 Forbidden"
+        );
+        assert_eq!(
+            status(post(Some("http://10.0.0.1:9101"), here)),
+            "403 Forbidden"
+        );
+        assert_eq!(status(post(Some("null"), here)), "403 Forbidden");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(m.counter("errors.cross_origin"), 3);
+        assert_eq!(status(post(None, here)), "200 OK");
+        assert_eq!(status(post(Some("http://10.0.0.1:9100"), here)), "200 OK");
+        assert_eq!(
+            status(post(Some("HTTP://LocalHost:9100/"), "localhost:9100")),
+            "200 OK"
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn an_stf_counter_counts_as_stf_and_bytes_do() {
