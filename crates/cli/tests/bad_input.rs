@@ -45,7 +45,7 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let mut icn = start_icn(
         dir.path(),
-        &format!("flps = 1\nepns = 2\nrate_hz = 50\ntfs = 150\nstf_size = \"32KiB\"\n{BASE}"),
+        &format!("flps = 1\nepns = 2\nrate_hz = 50\ntfs = 350\nstf_size = \"32KiB\"\n{BASE}"),
         "127.0.0.1:0",
     );
     let data_port = free_port();
@@ -134,7 +134,7 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
 
     let (st, s, _) = icn.finish(60);
     assert!(st.success());
-    assert_eq!(u(&s, "completed"), 150, "the run is unaffected: {s}");
+    assert_eq!(u(&s, "completed"), 350, "the run is unaffected: {s}");
     assert_eq!(s["invariant_ok"], true);
     let log = std::fs::read_to_string(dir.path().join("icn.log")).unwrap();
     assert!(log.contains("bad magic"), "{log}");
@@ -358,13 +358,14 @@ fn a_results_directory_removed_mid_run_still_gives_the_summary() {
     let dir = tempfile::tempdir().unwrap();
     let mut icn = start_icn(
         dir.path(),
-        &format!("flps = 1\nepns = 1\nrate_hz = 100\ntfs = 100\nstf_size = \"4KiB\"\n{BASE}"),
+        &format!("flps = 1\nepns = 1\nrate_hz = 20\ntfs = 100\nstf_size = \"4KiB\"\n{BASE}"),
         "127.0.0.1:0",
     );
     let mut nodes = vec![
         spawn_epn(dir.path(), icn.control, 0, &[]),
         spawn_flp(dir.path(), icn.control, 0),
     ];
+    // Removed 4 s before the run ends (100 TFs at 20 Hz): long before its summary.
     icn.wait_issued(10);
     std::fs::remove_dir_all(&icn.results).unwrap();
     let summary = icn

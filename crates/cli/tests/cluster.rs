@@ -107,6 +107,7 @@ fn a_killed_epns_tfs_are_reassigned_and_none_is_lost() {
     // Freeze EPN 1 so TFs pile up in flight to it (some STFs in its socket, some in
     // the FLPs' queues), then kill it: the ICN moves them, the FLPs re-send them.
     epns[1].signal(libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_millis(500)); // PROGRESS lines may be queued
     icn.wait_issued(150);
     epns[1].kill9();
     let (st, s, results) = icn.finish(120);
@@ -152,6 +153,7 @@ fn without_reassign_a_killed_epns_tfs_end_dropped_and_none_unaccounted() {
     icn.wait_issued(100);
     // Freeze EPN 1 so TFs pile up in flight to it, then kill it.
     epns[1].signal(libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_millis(500)); // PROGRESS lines may be queued
     icn.wait_issued(150);
     epns[1].kill9();
     let (st, s, results) = icn.finish(120);
@@ -279,7 +281,7 @@ fn a_full_flp_send_buffer_drops_tfs_and_the_epn_frees_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let mut icn = start_icn(
         dir.path(),
-        "flps = 2\nepns = 1\nrate_hz = 100\ntfs = 300\nstf_size = \"512KiB\"\nbuild_timeout_ms = 10000\ndrain_timeout_ms = 30000\nlease_ms = 10000\n",
+        "flps = 2\nepns = 1\nrate_hz = 100\ntfs = 500\nstf_size = \"512KiB\"\nbuild_timeout_ms = 10000\ndrain_timeout_ms = 30000\nlease_ms = 10000\n",
         "127.0.0.1:0",
     );
     let mut epn = spawn_epn(dir.path(), icn.control, 0, &[]);
@@ -305,6 +307,7 @@ fn a_full_flp_send_buffer_drops_tfs_and_the_epn_frees_the_rest() {
         .collect();
     icn.wait_issued(20);
     epn.signal(libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_millis(1000)); // PROGRESS lines may be queued
     icn.wait_issued(150);
     epn.signal(libc::SIGCONT);
     let (st, s, results) = icn.finish(120);
@@ -318,7 +321,7 @@ fn a_full_flp_send_buffer_drops_tfs_and_the_epn_frees_the_rest() {
         u(&s, "completed") >= 100,
         "TFs before and after the freeze complete: {s}"
     );
-    let rows = tf_rows(&results, 300);
+    let rows = tf_rows(&results, 500);
     assert_eq!(
         rows.iter().filter(|r| r.2 == "flp_buffer_full").count() as u64,
         full

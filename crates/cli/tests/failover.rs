@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{spawn_epn, spawn_flp, start_icn, tf_rows, u, Proc};
+use common::{spawn_epn, spawn_flp, start_icn, tf_rows, u, wait_for_log, Proc};
 
 fn membership(s: &serde_json::Value) -> Vec<(f64, String, String, String)> {
     s["membership"]
@@ -109,7 +109,10 @@ fn a_frozen_epn_loses_its_lease_its_tfs_move_and_it_rejoins_when_continued() {
     icn.wait_issued(100);
     // Frozen, not dead: its connections stay open, only the missing heartbeats tell.
     epns[2].signal(libc::SIGSTOP);
-    icn.wait_issued(250);
+    wait_for_log(dir.path(), "icn.log", 30, |log| {
+        log.lines()
+            .any(|l| l.contains("EPN 2 (") && l.contains(") lost (lease expired"))
+    });
     // Continued, it finds its control connection closed and joins again.
     epns[2].signal(libc::SIGCONT);
     let (st, s, _) = icn.finish(120);

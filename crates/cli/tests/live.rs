@@ -44,7 +44,8 @@ fn cell(dom: &str, name: &str) -> u64 {
 #[test]
 fn the_live_page_shows_the_run_and_its_numbers_move() {
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 100\nduration_s = 15\nstf_size = \"64KiB\"\n";
+    // A run that lasts until the test stops it (however long two browser starts take).
+    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 100\nduration_s = 600\nstf_size = \"64KiB\"\n";
     let mut icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let _epns: Vec<Proc> = (0..2)
         .map(|i| spawn_epn(dir.path(), icn.control, i, &[]))
@@ -84,9 +85,11 @@ fn the_live_page_shows_the_run_and_its_numbers_move() {
         after > before,
         "completed TFs must move: {before} then {after}"
     );
+    icn.proc.signal(libc::SIGINT);
     let (st, s, _) = icn.finish(60);
     assert!(st.success(), "{s}");
     assert!(u(&s, "completed") >= after);
+    assert_eq!(s["invariant_ok"], true, "{s}");
 }
 
 /// A page in headless Chromium, driven over the DevTools protocol (a WebSocket).

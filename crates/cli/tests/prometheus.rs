@@ -89,8 +89,9 @@ fn mem_total_bytes() -> f64 {
 #[test]
 fn a_real_prometheus_scrapes_host_and_tf_series_from_every_node() {
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 50\nduration_s = 14\nstf_size = \"64KiB\"\n";
-    let icn = start_icn(dir.path(), toml, "127.0.0.1:0");
+    // A run that lasts until the test stops it (however long Prometheus takes to start).
+    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 50\nduration_s = 600\nstf_size = \"64KiB\"\n";
+    let mut icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let (epn_m, flp_m) = (free_port(), free_port());
     let epn_metrics = format!("127.0.0.1:{epn_m}");
     let flp_metrics = format!("127.0.0.1:{flp_m}");
@@ -116,6 +117,8 @@ fn a_real_prometheus_scrapes_host_and_tf_series_from_every_node() {
     assert!(later > first, "the TF count must grow between scrapes");
     let cpu = query(web, "fanin_process_cpu_seconds%7Brole%3D%22flp%22%7D");
     assert!(cpu > 0.0, "the FLP's CPU time: {cpu}");
+    icn.proc.signal(libc::SIGINT);
     let (st, s, _) = icn.finish(60);
     assert!(st.success(), "{s}");
+    assert_eq!(s["invariant_ok"], true, "{s}");
 }

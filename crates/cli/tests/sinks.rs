@@ -190,7 +190,8 @@ fn every_sink_gets_every_tf_byte_for_byte() {
 #[test]
 fn an_epn_killed_while_writing_leaves_files_readable_to_their_last_tf() {
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 200\ntfs = 600\nstf_size = \"64KiB\"\n\
+    // Killed at TF 300 of 1000 at 200 Hz: seconds before the run ends, so it dies writing.
+    let toml = "[run]\nflps = 1\nepns = 2\nrate_hz = 200\ntfs = 1000\nstf_size = \"64KiB\"\n\
                 reassign = true\nmax_loss_pct = 100\n";
     let mut icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let tfs = dir.path().join("tfs");
@@ -203,6 +204,9 @@ fn an_epn_killed_while_writing_leaves_files_readable_to_their_last_tf() {
     let (st, s, _) = icn.finish(60);
     assert!(st.success(), "{s}");
     assert_eq!(s["invariant_ok"], true);
+    let lost = s["membership"].as_array().unwrap().iter();
+    let lost = lost.filter(|m| m["node"] == "EPN 0" && m["kind"] == "lost");
+    assert_eq!(lost.count(), 1, "killed mid-run: {s}");
     let mut whole = 0;
     for f in files(&tfs, "fanin") {
         let out = fanin()
@@ -423,7 +427,8 @@ epns = [1, 2]
 #[test]
 fn a_trigger_saves_the_seconds_before_and_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 100\ntfs = 500\nstf_size = \"4KiB\"\n";
+    // 800 TFs at 100 Hz: the trigger and the scrape come seconds before the run ends.
+    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 100\ntfs = 800\nstf_size = \"4KiB\"\n";
     let mut icn = start_icn(dir.path(), toml, "127.0.0.1:0");
     let burst = dir.path().join("burst");
     let metrics = format!("127.0.0.1:{}", free_port());

@@ -34,7 +34,7 @@ fn size(flp: u32, tf: u64) -> usize {
 
 /// A read-out for `exec:`: FSTF frames of the same STFs on stdout.
 const EXEC_SCRIPT: &str = r#"
-import os, struct, sys
+import os, struct, sys, time
 M = (1 << 64) - 1
 flp, n = int(os.environ["FANIN_FLP_ID"]), int(sys.argv[1])
 out = sys.stdout.buffer
@@ -47,6 +47,7 @@ for tf in range(n):
         words.append(x)
     data = struct.pack("<%dQ" % len(words), *words)[:size]
     out.write(b"FSTF" + struct.pack("<HHQQ", 1, 0, tf, size) + data)
+    time.sleep(0.01)  # 100 STFs a second at most: an EPN killed at TF 100 dies mid-run
 out.flush()
 "#;
 
@@ -120,13 +121,15 @@ fn all_completed(icn: Icn, tfs: u64) -> PathBuf {
     results
 }
 
-/// A read-out thread: ring NAME, `n` STFs of FLP `flp`, paced, then closed and freed.
+/// A read-out thread: ring NAME, `n` STFs of FLP `flp`, 100 a second (so a run of 600
+/// still reads out for seconds after TF 150, however late a test acts), then closed and
+/// freed.
 fn ring_readout(name: String, flp: u32, n: u64) -> std::thread::JoinHandle<()> {
     let mut w = fanin_shm::Writer::create(&name, 8, 64 * 1024).unwrap();
     std::thread::spawn(move || {
         for tf in 0..n {
             w.write(tf, &payload(flp, tf, size(flp, tf)), true).unwrap();
-            std::thread::sleep(Duration::from_millis(2));
+            std::thread::sleep(Duration::from_millis(10));
         }
         w.close();
         assert!(
@@ -359,7 +362,8 @@ fn the_c_and_python_readout_examples_feed_their_flps_byte_for_byte() {
 fn the_synthetic_source_on_the_flps_clock_delivers_its_pattern_with_an_epn_killed() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let (tfs, sink) = (400, dir.join("tfs"));
+    // 700 TFs at 200 Hz: EPN 1 is killed at TF 100, seconds before the run ends.
+    let (tfs, sink) = (700, dir.join("tfs"));
     let cfg = config(tfs).replace("rate_hz = 0", "rate_hz = 200");
     let mut icn = start_icn(dir, &cfg, "127.0.0.1:0");
     let mut epn_procs = epns(dir, &icn, &sink);

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{fanin, read_summary, run_dir, run_ok, Proc};
+use common::{fanin, read_summary, run_dir, run_ok, wait_for_log, Proc};
 
 /// Skips (loudly) only when the README's opt-out is set; otherwise demands root.
 fn root_or_skip(test: &str) -> bool {
@@ -589,20 +589,4 @@ fn a_node_whose_host_dies_before_its_run_starts_gives_its_id_back() {
             && icn_log.contains("left before the run: Connection timed out"),
         "the restarted FLP was refused while the dead connection held its id: {icn_log}"
     );
-}
-
-/// Waits up to `secs` until `dir/file` satisfies `done`.
-fn wait_for_log(dir: &std::path::Path, file: &str, secs: u64, done: impl Fn(&str) -> bool) {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    loop {
-        let text = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
-        if done(&text) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "{file} never got there: {text}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
 }

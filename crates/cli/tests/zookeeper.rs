@@ -200,7 +200,9 @@ fn a_zookeeper_outage_longer_than_the_session_does_not_end_the_run() {
     let mut server = zk(100);
     let url = server.url("/fanin-outage");
     let dir = tempfile::tempdir().unwrap();
-    let toml = "flps = 1\nepns = 2\nrate_hz = 100\ntfs = 900\nstf_size = \"16KiB\"\nbuild_timeout_ms = 10000\nlease_ms = 10000\n";
+    // 1800 TFs at 100 Hz: the run still issues some 13 s after ZooKeeper is back, time
+    // for a slow server to start and the ICN to be elected again.
+    let toml = "flps = 1\nepns = 2\nrate_hz = 100\ntfs = 1800\nstf_size = \"16KiB\"\nbuild_timeout_ms = 10000\nlease_ms = 10000\n";
     let mut icn = icn(dir.path(), "icn", &url, toml);
     let mut nodes: Vec<Proc> = (0..2)
         .map(|i| node(dir.path(), "epn", i, &url))
@@ -212,8 +214,8 @@ fn a_zookeeper_outage_longer_than_the_session_does_not_end_the_run() {
     server.restart().expect("restarting ZooKeeper");
     let (st, s, _) = icn.finish(120);
     assert!(st.success(), "{s}");
-    assert_eq!(u(&s, "issued"), 900, "the run was not cut short: {s}");
-    assert_eq!(u(&s, "completed"), 900, "{s}");
+    assert_eq!(u(&s, "issued"), 1800, "the run was not cut short: {s}");
+    assert_eq!(u(&s, "completed"), 1800, "{s}");
     assert_eq!(s["invariant_ok"], true, "{s}");
     let events = s["events"].to_string();
     assert!(events.contains("lost the registry leadership"), "{events}");
@@ -279,7 +281,8 @@ at_s = 1.0
         .find(|l| l.trim_start().starts_with("EPN 1"))
         .unwrap_or_else(|| panic!("no fault row for EPN 1: {text}"));
     let at: f64 = epn.split_whitespace().nth(3).unwrap().parse().unwrap();
-    assert!((0.4..0.8).contains(&at), "EPN 1 killed at 0.5 s: {epn}");
+    // Before the ICN is killed at 1.0 s; a loaded machine may signal late.
+    assert!((0.4..0.95).contains(&at), "EPN 1 killed at 0.5 s: {epn}");
     // The standby's run is complete and accounted for.
     assert!(text.contains("issued 500 completed 500"), "{text}");
     assert!(text.contains("invariant ok"), "{text}");

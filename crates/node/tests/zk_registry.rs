@@ -21,6 +21,9 @@ use tokio::sync::watch;
 const TICK: Duration = Duration::from_millis(200);
 /// Session time-out of the registries under test (10 ticks).
 const SESSION: Duration = Duration::from_secs(2);
+/// How late past its session time-out an expiry may be seen: the server expires sessions
+/// on its ticks, and a loaded 2-core CI machine delays its JVM and our watcher.
+const EXPIRY_SLACK: Duration = Duration::from_secs(4);
 /// Upper bound for anything that should happen "promptly".
 const PROMPT: Duration = Duration::from_secs(10);
 
@@ -343,7 +346,7 @@ async fn crashed_member_vanishes_within_the_session_timeout() {
         "replaced after {waited:?}: too early for an expiry of {timeout:?}"
     );
     assert!(
-        waited <= timeout + Duration::from_millis(1500),
+        waited <= timeout + EXPIRY_SLACK,
         "replaced after {waited:?}, session time-out {timeout:?}"
     );
 }
@@ -376,7 +379,7 @@ async fn stopped_member_expires_then_reregisters_under_the_same_id() {
     let timeout = watcher.session_timeout();
     println!("stopped member: znode gone {gone:?} after SIGSTOP (session time-out {timeout:?})");
     assert!(
-        gone >= timeout / 2 && gone <= timeout + Duration::from_millis(1500),
+        gone >= timeout / 2 && gone <= timeout + EXPIRY_SLACK,
         "gone after {gone:?}"
     );
 
@@ -522,10 +525,7 @@ async fn standby_takes_over_when_the_leaders_session_expires() {
     let took = stopped.elapsed();
     let timeout = icn_b.session_timeout();
     println!("standby elected {took:?} after the leader stopped (session time-out {timeout:?})");
-    assert!(
-        took <= timeout + Duration::from_millis(1500),
-        "took {took:?}"
-    );
+    assert!(took <= timeout + EXPIRY_SLACK, "took {took:?}");
     assert!(b.is_leader());
     assert_eq!(b.addr(), "icn-b:7000");
     let deadline = tokio::time::Instant::now() + PROMPT;

@@ -353,3 +353,19 @@ pub fn zk_node(dir: &Path, role: &str, id: u32, url: &str) -> Proc {
             .stderr(log),
     )
 }
+
+/// Waits up to `secs` until `dir/file` satisfies `done`.
+pub fn wait_for_log(dir: &std::path::Path, file: &str, secs: u64, done: impl Fn(&str) -> bool) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        if done(&text) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "{file} never got there: {text}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -266,10 +266,11 @@ mod tests {
         assert_eq!(names(dir.path()).len(), 3);
 
         let aged = tempfile::tempdir().unwrap();
-        let spec = format!("{},rotate_s=0.05,fsync=every", aged.path().display());
+        // Aged by 0.5 s: long enough that a slow disk's fsync never ages a file early.
+        let spec = format!("{},rotate_s=0.5,fsync=every", aged.path().display());
         let mut f = TfFiles::new(FileOpts::parse(&spec).unwrap(), "", 2).unwrap();
         f.write(&tf_of(&stfs, 0)).unwrap();
-        std::thread::sleep(Duration::from_millis(60));
+        std::thread::sleep(Duration::from_millis(600));
         f.write(&tf_of(&stfs, 1)).unwrap();
         f.write(&tf_of(&stfs, 2)).unwrap();
         f.close().unwrap();
