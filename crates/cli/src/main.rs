@@ -216,6 +216,10 @@ struct EpnArgs {
     /// only for commands that read(2) their stdin, not ones that splice it onward.
     #[arg(long)]
     exec_zero_copy: bool,
+    /// After a run stops, how long the sinks may take to return every TF; then the EPN
+    /// leaves them and ends with an error (a plug-in that never returns holds nothing).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    sink_stop_timeout: f64,
 }
 
 fn node_registry(c: &NodeCommon) -> anyhow::Result<Option<RegistryOpts>> {
@@ -247,9 +251,14 @@ fn bytes_arg(field: &str, v: &str) -> anyhow::Result<u64> {
 
 /// At most a day: a longer wait is a mistake, and deadlines must not overflow.
 fn connect_timeout(secs: f64) -> anyhow::Result<Duration> {
+    seconds_arg("connect-timeout", secs)
+}
+
+/// `--NAME SECONDS`: within (0, 86400].
+fn seconds_arg(name: &str, secs: f64) -> anyhow::Result<Duration> {
     match Duration::try_from_secs_f64(secs) {
         Ok(d) if d > Duration::ZERO && d <= Duration::from_secs(86_400) => Ok(d),
-        _ => anyhow::bail!("--connect-timeout: {secs} is not within (0, 86400] seconds"),
+        _ => anyhow::bail!("--{name}: {secs} is not within (0, 86400] seconds"),
     }
 }
 
@@ -479,6 +488,7 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
         in_order: a.in_order,
         on_sink_failure: a.on_sink_failure,
         exec_zero_copy: a.exec_zero_copy,
+        sink_stop_wait: seconds_arg("sink-stop-timeout", a.sink_stop_timeout)?,
         session: a.common.session,
         rejoin: a.common.rejoin,
     })

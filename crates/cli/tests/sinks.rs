@@ -308,6 +308,51 @@ fn a_plugin_refusal_ends_its_tfs_as_sink_refused() {
     }
 }
 
+/// A plug-in that takes 20 TFs, then never returns from the next.
+const STUCK_PLUGIN: &str = r#"
+#include <unistd.h>
+#include "fanin_sink.h"
+int fanin_init(int argc, const char *const *argv) { (void)argc; (void)argv; return 0; }
+int fanin_tf(const struct fanin_tf *tf) { while (tf->tf_id >= 20) pause(); return 0; }
+void fanin_cleanup(void) {}
+"#;
+
+/// A plug-in that never returns holds its EPN only until `--sink-stop-timeout` after the
+/// run stops: the EPN then ends with a line naming the wait, and the ICN has accounted
+/// for every TF.
+#[test]
+fn a_plugin_that_never_returns_holds_its_epn_only_until_the_stop_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, lib) = (dir.path().join("stuck.c"), dir.path().join("libstuck.so"));
+    std::fs::write(&src, STUCK_PLUGIN).unwrap();
+    run_ok(
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-I"])
+            .arg(repo_root().join("examples/plugin"))
+            .arg("-o")
+            .arg(&lib)
+            .arg(&src),
+    );
+    let toml = "[run]\nflps = 1\nepns = 1\nrate_hz = 200\ntfs = 50\nstf_size = \"4KiB\"\n\
+                drain_timeout_ms = 1000\nmax_loss_pct = 100\n";
+    let icn = start_icn(dir.path(), toml, "127.0.0.1:0");
+    let spec = format!("plugin:{}", lib.display());
+    let stop_wait = ["--sink", &spec, "--sink-stop-timeout", "2"];
+    let mut epn = spawn_epn(dir.path(), icn.control, 0, &stop_wait);
+    let _flp = spawn_flp(dir.path(), icn.control, 0);
+    let (st, s, _) = icn.finish(60);
+    assert!(st.success(), "{s}");
+    assert_eq!(s["invariant_ok"], true, "{s}");
+    assert_eq!(u(&s, "completed"), 20, "the TFs the plug-in returned: {s}");
+    assert!(!epn.wait(30).success(), "the EPN ends with an error");
+    let log = std::fs::read_to_string(dir.path().join("epn-0.log")).unwrap();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("did not return every TF within 2.0 s of the run's stop"),
+        "{log}"
+    );
+}
+
 #[test]
 fn a_dying_processor_is_restarted_and_its_lost_tfs_are_named() {
     let dir = tempfile::tempdir().unwrap();

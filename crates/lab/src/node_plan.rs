@@ -46,6 +46,8 @@ pub struct EpnSetup {
     /// Exec sinks lend payload pages (vmsplice); only for commands that read(2).
     #[serde(default)]
     pub exec_zero_copy: bool,
+    /// After a run stops, how long the sinks may take to return every TF (seconds).
+    pub sink_stop_timeout_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -99,6 +101,11 @@ impl NodePlan {
             f.parse::<OnFailure>()
                 .map_err(|e| anyhow::anyhow!("[epn] on_sink_failure: {e}"))?;
         }
+        if let Some(t) = setup.sink_stop_timeout_s {
+            if !(t > 0.0 && t <= 86_400.0) {
+                bail!("[epn] sink_stop_timeout_s: {t} is not within (0, 86400] seconds");
+            }
+        }
         Ok(NodePlan {
             sources,
             sinks,
@@ -137,6 +144,9 @@ impl NodePlan {
         }
         if s.exec_zero_copy {
             a.push("--exec-zero-copy".into());
+        }
+        if let Some(t) = s.sink_stop_timeout_s {
+            a.extend(["--sink-stop-timeout".into(), t.to_string()]);
         }
         a
     }
@@ -214,6 +224,11 @@ mod tests {
                 "4"
             ]
         );
+        let q = plan("[[sink]]\nspec = \"file:tfs\"\n[epn]\nsink_stop_timeout_s = 2.5\n").unwrap();
+        assert_eq!(
+            q.argv(0),
+            ["--sink", "file:tfs", "--sink-stop-timeout", "2.5"]
+        );
     }
 
     #[test]
@@ -224,6 +239,11 @@ mod tests {
         assert!(format!("{e:#}").contains("EPN 3"), "{e:#}");
         let e = plan("[epn]\ncomplete_on = \"soon\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("complete_on"), "{e:#}");
+        let e = plan("[epn]\nsink_stop_timeout_s = 0\n").unwrap_err();
+        assert!(
+            format!("{e:#}").contains("sink_stop_timeout_s: 0 is not"),
+            "{e:#}"
+        );
         let e = plan("[[sink]]\nspec = \"tap:127.0.0.1:7100\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("one port for 3 EPNs"), "{e:#}");
         let e = plan("[[sink]]\nspek = \"x\"\n").unwrap_err();

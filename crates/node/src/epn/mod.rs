@@ -62,6 +62,9 @@ pub struct EpnOptions {
     pub on_sink_failure: OnFailure,
     /// Exec sinks lend payload pages to the pipe (only for commands that read(2)).
     pub exec_zero_copy: bool,
+    /// After a RunStop, how long the sinks may take to return every TF (a plug-in that
+    /// never returns would hold the EPN): then the EPN leaves them and ends with an error.
+    pub sink_stop_wait: Duration,
     /// Long-lived (run control): join run after run until the session's EXIT.
     pub session: bool,
     /// Started again into a run that is going (`--rejoin`): none going, it ends at once.
@@ -102,6 +105,8 @@ struct KeptRun {
     _acceptor: AbortOnDrop<()>,
     build_task: AbortOnDrop<anyhow::Result<()>>,
     b_tx: mpsc::Sender<BuildEvent>,
+    /// After a RunStop, how long its sinks may take (`EpnOptions::sink_stop_wait`).
+    sink_stop_wait: Duration,
     /// The build task's way to the ICN (a new control connection replaces it).
     ctl: tokio::sync::watch::Sender<mpsc::Sender<Message>>,
     /// The ICN is away (the run kept for a take-over): the build task reads it before
@@ -251,6 +256,7 @@ async fn start(
         _acceptor: acceptor,
         build_task,
         b_tx,
+        sink_stop_wait: opts.sink_stop_wait,
         ctl: ctl_watch,
         icn_away,
     }))
@@ -271,7 +277,7 @@ async fn follow(
     let ended = follow_icn(
         &mut joined.rd,
         &k.b_tx,
-        &mut k.build_task,
+        (&mut k.build_task, k.sink_stop_wait),
         me,
         &mut leader,
         icn,
@@ -452,11 +458,12 @@ enum Ended {
     NotLeader(String),
 }
 
-/// Forwards the ICN's frames to the build task until the run ends.
+/// Forwards the ICN's frames to the build task until the run ends; after a RunStop,
+/// waits for the build task (its sinks) up to `stop_wait`.
 async fn follow_icn(
     rd: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
     b_tx: &mpsc::Sender<BuildEvent>,
-    build_task: &mut AbortOnDrop<anyhow::Result<()>>,
+    (build_task, stop_wait): (&mut AbortOnDrop<anyhow::Result<()>>, Duration),
     me: u32,
     leader: &mut Option<tokio::sync::watch::Receiver<Option<String>>>,
     icn: SocketAddr,
@@ -477,9 +484,13 @@ async fn follow_icn(
                 let stop = matches!(m, Message::RunStop { .. });
                 let _ = b_tx.send(BuildEvent::Control(m)).await;
                 if stop {
-                    return match (&mut build_task.0).await {
-                        Ok(Err(e)) => Ended::SinkFailed(e),
-                        _ => Ended::Stopped,
+                    return match tokio::time::timeout(stop_wait, &mut build_task.0).await {
+                        Ok(Ok(Err(e))) => Ended::SinkFailed(e),
+                        Ok(_) => Ended::Stopped,
+                        Err(_) => Ended::SinkFailed(anyhow::anyhow!(
+                            "EPN {me}: its sinks did not return every TF within {:.1} s of the run's stop (--sink-stop-timeout); leaving them",
+                            stop_wait.as_secs_f64()
+                        )),
                     };
                 }
             }
