@@ -88,6 +88,13 @@ impl IcnCore {
     }
 
     fn pause(&mut self) -> Result<String, String> {
+        if matches!(self.phase, Phase::Draining | Phase::Stopping) {
+            // The state still reads RUNNING until the run has ended.
+            let id = self.cfg.run_id;
+            return Err(format!(
+                "pause is not possible: run {id} issues no more TFs, it drains"
+            ));
+        }
         if self.phase != Phase::Running || self.paused_at.is_some() {
             return Err(format!("pause is not possible in {:?}", self.run_state()));
         }
