@@ -325,7 +325,7 @@ fn session_options(a: &IcnArgs) -> anyhow::Result<icn::SessionOptions> {
         first_run: a.run_id,
         config,
         parse: Box::new(parse),
-        after_run: Box::new(|dir| fanin_lab::run_report::write(dir).map(|_| ())),
+        after_run: std::sync::Arc::new(|dir| fanin_lab::run_report::write(dir).map(|_| ())),
     })
 }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use fanin_node::icn::summary::TfCsv;
+use fanin_node::icn::summary::{write_atomic, TfCsv};
 use fanin_report::plot::{Chart, Line, Marker, Series};
 
 /// EPNs drawn one line each; beyond, the page says how many were left out.
@@ -118,8 +118,10 @@ pub fn write(dir: &Path) -> anyhow::Result<PathBuf> {
     }
     html.push_str(&marker_table(&markers));
     html.push_str("</body></html>\n");
+    // Whole or not at all: a reader may look while it is drawn (a session draws it
+    // beside the next run).
     let out = dir.join("report.html");
-    std::fs::write(&out, html).with_context(|| format!("writing {}", out.display()))?;
+    write_atomic(&out, &html)?;
     Ok(out)
 }
 

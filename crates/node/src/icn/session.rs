@@ -26,8 +26,9 @@ use crate::runctl::{self, Command};
 /// Parses CONFIGURE's body into a checked run configuration.
 pub type ParseConfig = Box<dyn Fn(&str) -> anyhow::Result<Checked> + Send>;
 
-/// What happens with a finished run's directory.
-pub type AfterRun = Box<dyn Fn(&Path) -> anyhow::Result<()> + Send>;
+/// What happens with a finished run's directory (on a blocking thread of its own, beside
+/// the session: drawing a long run's report must not hold up run control).
+pub type AfterRun = Arc<dyn Fn(&Path) -> anyhow::Result<()> + Send + Sync>;
 
 pub struct SessionOptions {
     pub control_bind: SocketAddr,
@@ -108,6 +109,7 @@ pub async fn session(mut opts: SessionOptions) -> anyhow::Result<()> {
         last_run: None,
         exit_after_run: false,
         keepalive,
+        reports: Vec::new(),
     };
     if let Some(cfg) = config {
         s.configure(cfg, None).map_err(anyhow::Error::msg)?;
@@ -115,6 +117,10 @@ pub async fn session(mut opts: SessionOptions) -> anyhow::Result<()> {
     s.publish();
     s.event_loop(&mut ev_rx, &mut ctl_rx).await?;
     s.linger(&mut ev_rx).await;
+    // The last runs' reports are drawn before the session ends.
+    for report in std::mem::take(&mut s.reports) {
+        let _ = report.await;
+    }
     Ok(())
 }
 
@@ -135,6 +141,8 @@ struct Session {
     /// The last finished run, for the status.
     last_run: Option<serde_json::Value>,
     exit_after_run: bool,
+    /// `after_run` of finished runs, still at work.
+    reports: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Session {
@@ -415,9 +423,13 @@ impl Session {
                 }));
             }
         }
-        if let Err(e) = (self.opts.after_run)(&dir) {
-            tracing::warn!("ICN: run {n}: {e:#}");
-        }
+        let after_run = self.opts.after_run.clone();
+        self.reports.retain(|r| !r.is_finished());
+        self.reports.push(tokio::task::spawn_blocking(move || {
+            if let Err(e) = after_run(&dir) {
+                tracing::warn!("ICN: run {n}: {e:#}");
+            }
+        }));
     }
 
     fn run_dir(&self, n: u64) -> PathBuf {
