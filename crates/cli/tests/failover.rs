@@ -97,7 +97,7 @@ fn a_frozen_epn_loses_its_lease_its_tfs_move_and_it_rejoins_when_continued() {
     let dir = tempfile::tempdir().unwrap();
     let mut icn = start_icn(
         dir.path(),
-        "flps = 2\nepns = 3\nrate_hz = 100\ntfs = 600\nstf_size = \"64KiB\"\nbuild_timeout_ms = 5000\nlease_ms = 1000\n",
+        "flps = 2\nepns = 3\nrate_hz = 100\ntfs = 1000\nstf_size = \"64KiB\"\nbuild_timeout_ms = 5000\nlease_ms = 1000\n",
         "127.0.0.1:0",
     );
     let mut epns: Vec<Proc> = (0..3)
@@ -118,7 +118,11 @@ fn a_frozen_epn_loses_its_lease_its_tfs_move_and_it_rejoins_when_continued() {
     let (st, s, _) = icn.finish(120);
     assert!(st.success());
     assert_eq!(s["invariant_ok"], true, "{s}");
-    assert_eq!(u(&s, "completed"), 600, "no TF lost to the frozen EPN: {s}");
+    assert_eq!(
+        u(&s, "completed"),
+        1000,
+        "no TF lost to the frozen EPN: {s}"
+    );
     assert!(u(&s, "reassigned") > 0, "{s}");
     let m = membership(&s);
     assert!(

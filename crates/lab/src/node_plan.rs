@@ -102,7 +102,8 @@ impl NodePlan {
                 .map_err(|e| anyhow::anyhow!("[epn] on_sink_failure: {e}"))?;
         }
         if let Some(t) = setup.sink_stop_timeout_s {
-            if !(t > 0.0 && t <= 86_400.0) {
+            let d = std::time::Duration::try_from_secs_f64(t).unwrap_or_default();
+            if d.is_zero() || d > std::time::Duration::from_secs(86_400) {
                 bail!("[epn] sink_stop_timeout_s: {t} is not within (0, 86400] seconds");
             }
         }
@@ -111,6 +112,13 @@ impl NodePlan {
             sinks,
             setup,
         })
+    }
+
+    /// How long the launcher waits for an EPN to exit after its run: longer than its
+    /// sinks may take to return every TF.
+    pub fn epn_exit_wait(&self) -> std::time::Duration {
+        let sinks = self.setup.sink_stop_timeout_s.unwrap_or(0.0) + 5.0;
+        std::time::Duration::from_secs_f64(sinks.max(15.0))
     }
 
     /// The `fanin flp` flags of FLP `id` (the first `[[source]]` that names it).

@@ -78,23 +78,32 @@ pub struct Request {
     pub path: String,
     /// The `Authorization` header's value, if any.
     pub authorization: Option<String>,
-    /// The `Origin` and `Host` headers (a browser sends `Origin` with every POST).
+    /// The `Origin` header: a browser sends it with every POST.
     pub origin: Option<String>,
+    /// The `Host` header: the server the client addressed.
     pub host: Option<String>,
+    /// The `Sec-Fetch-Site` header of a browser (`same-origin`, `cross-site`, ...).
+    pub fetch_site: Option<String>,
     pub body: Vec<u8>,
 }
 
 impl Request {
-    /// A browser's request from another site's page: an `Origin` that is not this
-    /// server. Such a page must not change anything here (cross-site request forgery),
-    /// secret or not; `fanin ctl`, curl and the live page itself pass.
+    /// A browser's request from another site's page: `Sec-Fetch-Site` says so, or else
+    /// an `Origin` that is not this server (`http://` or `https://`, through a TLS
+    /// proxy, and the `Host`). Such a page must not change anything here (cross-site
+    /// request forgery), secret or not; `fanin ctl`, curl and the live page pass.
     pub fn from_another_site(&self) -> bool {
+        if let Some(site) = &self.fetch_site {
+            return !matches!(site.to_ascii_lowercase().as_str(), "same-origin" | "none");
+        }
         match (&self.origin, &self.host) {
             (None, _) => false,
             (Some(origin), Some(host)) => {
                 let origin = origin.trim_end_matches('/').to_ascii_lowercase();
-                let host = host.to_ascii_lowercase();
-                origin != format!("http://{host}")
+                let authority = origin
+                    .strip_prefix("http://")
+                    .or_else(|| origin.strip_prefix("https://"));
+                authority != Some(host.to_ascii_lowercase().as_str())
             }
             (Some(_), None) => true,
         }
@@ -486,6 +495,7 @@ fn parse_head(head: &str) -> Result<Request, String> {
         authorization: owned("authorization"),
         origin: owned("origin"),
         host: owned("host"),
+        fetch_site: owned("sec-fetch-site"),
         body: Vec::new(),
     })
 }
@@ -517,14 +527,12 @@ fn respond(m: &Metrics, req: &Request) -> Reply {
     }
     if req.method != "GET" && req.from_another_site() {
         m.error("cross_origin");
-        let origin = req.origin.as_deref().unwrap_or_default();
+        let origin = req.origin.as_deref().unwrap_or("another site");
+        let why = format!("a page from {origin} may not change anything here");
         return Reply {
             status: "403 Forbidden",
-            kind: TEXT,
-            body: format!(
-                "{} {path}: refused, a page from {origin} may not change anything here\n",
-                req.method
-            ),
+            kind: "application/json",
+            body: serde_json::json!({"ok": false, "error": why}).to_string(),
         };
     }
     // The handler runs without the lock: a run-control command may wait for the ICN.
@@ -622,7 +630,12 @@ mod tests {
             authorization: None,
             origin: origin.map(str::to_string),
             host: Some(host.into()),
+            fetch_site: None,
             body: Vec::new(),
+        };
+        let fetched = |site: &str| Request {
+            fetch_site: Some(site.into()),
+            ..post(Some("http://10.0.0.1:9100"), "10.0.0.1:9100")
         };
         let status = |r: Request| respond(&m, &r).status;
         let here = "10.0.0.1:9100";
@@ -635,15 +648,34 @@ mod tests {
             "403 Forbidden"
         );
         assert_eq!(status(post(Some("null"), here)), "403 Forbidden");
+        assert_eq!(status(fetched("cross-site")), "403 Forbidden");
+        assert_eq!(status(fetched("same-site")), "403 Forbidden");
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
-        assert_eq!(m.counter("errors.cross_origin"), 3);
+        assert_eq!(m.counter("errors.cross_origin"), 5);
         assert_eq!(status(post(None, here)), "200 OK");
         assert_eq!(status(post(Some("http://10.0.0.1:9100"), here)), "200 OK");
         assert_eq!(
             status(post(Some("HTTP://LocalHost:9100/"), "localhost:9100")),
             "200 OK"
         );
-        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+        assert_eq!(
+            status(post(Some("http://[::1]:9100"), "[::1]:9100")),
+            "200 OK"
+        );
+        assert_eq!(
+            status(post(Some("https://icn.example"), "icn.example")),
+            "200 OK"
+        );
+        assert_eq!(status(fetched("same-origin")), "200 OK");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 6);
+        // Reading is no change: a GET from another site is served as any.
+        let get = Request {
+            method: "GET".into(),
+            path: "/nothing".into(),
+            ..post(Some("http://evil.example"), here)
+        };
+        assert_eq!(status(get), "404 Not Found");
+        assert_eq!(m.counter("errors.cross_origin"), 5);
     }
 
     #[test]

@@ -37,7 +37,12 @@ pub(super) async fn wait_icns(
 }
 
 /// Every node leaves by itself after RunStop; give them a moment, then insist.
-pub(super) async fn reap_nodes(nodes: &Nodes, injected: &[Injected], prefix: &str, dir: &Path) {
+pub(super) async fn reap_nodes(
+    nodes: &Nodes,
+    injected: &[Injected],
+    (prefix, dir): (&str, &Path),
+    exit_wait: Duration,
+) {
     let mut nodes = nodes.lock().await;
     for NodeProc { name, child, .. } in nodes.iter_mut() {
         if name == "ICN" {
@@ -51,7 +56,7 @@ pub(super) async fn reap_nodes(nodes: &Nodes, injected: &[Injected], prefix: &st
             signal_kill(child).await;
             continue;
         }
-        match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
+        match tokio::time::timeout(exit_wait, child.wait()).await {
             Ok(Ok(st)) if st.success() => {}
             Ok(Ok(st)) => {
                 let logname = name.to_lowercase().replace(' ', "-") + ".log";

@@ -105,8 +105,10 @@ struct KeptRun {
     _acceptor: AbortOnDrop<()>,
     build_task: AbortOnDrop<anyhow::Result<()>>,
     b_tx: mpsc::Sender<BuildEvent>,
-    /// After a RunStop, how long its sinks may take (`EpnOptions::sink_stop_wait`).
+    /// After a RunStop, how long its sinks may go without returning a TF
+    /// (`EpnOptions::sink_stop_wait`), and what they returned so far.
     sink_stop_wait: Duration,
+    sink_progress: Arc<std::sync::atomic::AtomicU64>,
     /// The build task's way to the ICN (a new control connection replaces it).
     ctl: tokio::sync::watch::Sender<mpsc::Sender<Message>>,
     /// The ICN is away (the run kept for a take-over): the build task reads it before
@@ -118,35 +120,53 @@ struct KeptRun {
 impl KeptRun {
     /// The run ended while this EPN was away, or goes on without it: what it still
     /// builds ends as at a RunStop, and its sinks close (their files and commands
-    /// finish) before the EPN goes or joins another run, within `wait`.
-    async fn end(self, wait: Duration) {
+    /// finish) before the EPN goes or joins another run. Sinks stuck longer than
+    /// `sink_stop_wait` end the EPN (a plug-in still inside a TF must not be given the
+    /// next run's).
+    async fn end(mut self) -> Result<(), NodeError> {
         drop(self._acceptor);
         let stop = Message::RunStop {
             run_id: self.run_id,
         };
-        let mut build = self.build_task;
-        // The core stops once its sinks returned every TF; a sink that never does is
-        // not waited for longer than a run's stop is.
-        let stopped = async {
-            let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
-            let _ = (&mut build.0).await;
-        };
-        if tokio::time::timeout(wait, stopped).await.is_err() {
-            tracing::warn!("EPN: the kept run's build did not stop within {wait:?}; ending it");
+        let _ = self.b_tx.send(BuildEvent::Control(stop)).await;
+        let stop_wait = (&*self.sink_progress, self.sink_stop_wait);
+        match until_built(&mut self.build_task, stop_wait).await {
+            Ok(Err(e)) => tracing::warn!("EPN: the kept run ended with: {e:#}"),
+            Ok(Ok(())) => {}
+            Err(stuck) => return Err(NodeError::Fatal(stuck)),
+        }
+        Ok(())
+    }
+}
+
+/// Waits for the build task to end after a RunStop (its sinks return every TF and
+/// close) for as long as the sinks make progress; Err once they returned nothing for
+/// `wait`.
+async fn until_built(
+    build: &mut AbortOnDrop<anyhow::Result<()>>,
+    (progress, wait): (&std::sync::atomic::AtomicU64, Duration),
+) -> anyhow::Result<anyhow::Result<()>> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut seen = progress.load(Relaxed);
+    loop {
+        match tokio::time::timeout(wait, &mut build.0).await {
+            Ok(Ok(r)) => return Ok(r),
+            Ok(Err(e)) => return Ok(Err(anyhow::anyhow!("the build task failed: {e}"))),
+            Err(_) if progress.load(Relaxed) != seen => seen = progress.load(Relaxed),
+            Err(_) => anyhow::bail!(
+                "its sinks returned no TF for {:.1} s after the run's stop and have not finished (--sink-stop-timeout); leaving them",
+                wait.as_secs_f64()
+            ),
         }
     }
 }
 
-/// How long a kept run that ended may take to stop (its sinks to finish).
-const KEPT_END_WAIT: Duration = Duration::from_secs(30);
-/// The same while the ICN of the next run waits for this EPN's Ready.
-const KEPT_END_BEFORE_NEXT: Duration = Duration::from_secs(5);
-
 /// Ends the kept run, if any (its run ended: nothing to join).
-async fn end_kept(kept: &std::cell::RefCell<Option<KeptRun>>) {
+async fn end_kept(kept: &std::cell::RefCell<Option<KeptRun>>) -> Result<(), NodeError> {
     let k = kept.borrow_mut().take();
-    if let Some(k) = k {
-        k.end(KEPT_END_WAIT).await;
+    match k {
+        Some(k) => k.end().await,
+        None => Ok(()),
     }
 }
 
@@ -161,8 +181,7 @@ async fn run_once(
     let metrics = metrics.clone();
     let run = kept.borrow().as_ref().map(|k| k.run_id).or(own.get());
     if crate::join::ended_meanwhile(reg, run, Role::Epn, id.get()).await {
-        end_kept(kept).await;
-        return Ok(());
+        return end_kept(kept).await;
     }
     // A kept run keeps its data port; it is taken only once the ICN answered.
     let kept_port = kept.borrow().as_ref().map(|k| k.listener.clone());
@@ -171,8 +190,7 @@ async fn run_once(
         None => Arc::new(bind_data(opts.data_bind, rejoining).await?),
     };
     let Some((icn, joined)) = join_epn(opts, id, reg, run, listener.local_addr()?).await? else {
-        end_kept(kept).await;
-        return Ok(());
+        return end_kept(kept).await;
     };
     own.joined(joined.run_id);
     metrics.joined_run(joined.run_id);
@@ -182,7 +200,7 @@ async fn run_once(
     let taken = kept.borrow_mut().take();
     let (taken, ended) = crate::join::goes_on(taken, |k| k.run_id, &joined);
     if let Some((k, _)) = ended {
-        k.end(KEPT_END_BEFORE_NEXT).await;
+        k.end().await?;
     }
     let leader = crate::join::follow_leader(reg).await;
     let mut joined = joined;
@@ -230,7 +248,8 @@ async fn start(
         admission: crate::admission::Admission::new(prep.flps as usize),
     });
     let acceptor = AbortOnDrop(tokio::spawn(receiver::accept_loop(listener.clone(), ctx)));
-    let (core, sinks) = build_core(opts, me, &prep, &b_tx, metrics).await?;
+    let sink_progress = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (core, sinks) = build_core(opts, (me, &prep), &b_tx, &sink_progress, metrics).await?;
     let (ctl_watch, ctl) = tokio::sync::watch::channel(ctl_tx.clone());
     let icn_away = Arc::new(AtomicBool::new(false));
     let shell = BuildShell {
@@ -257,6 +276,7 @@ async fn start(
         build_task,
         b_tx,
         sink_stop_wait: opts.sink_stop_wait,
+        sink_progress,
         ctl: ctl_watch,
         icn_away,
     }))
@@ -274,15 +294,7 @@ async fn follow(
     kept: &std::cell::RefCell<Option<KeptRun>>,
 ) -> Result<(), NodeError> {
     let me = joined.me;
-    let ended = follow_icn(
-        &mut joined.rd,
-        &k.b_tx,
-        (&mut k.build_task, k.sink_stop_wait),
-        me,
-        &mut leader,
-        icn,
-    )
-    .await;
+    let ended = follow_icn(&mut joined.rd, &mut k, me, &mut leader, icn).await;
     match ended {
         Ended::Stopped => {
             // Its hold on the control connection goes first: leaving closes it.
@@ -329,7 +341,7 @@ async fn resume(
     match take_part(&k, &mut joined, icn, metrics).await {
         Ok(true) => follow(k, joined, icn, leader, metrics, reg, kept).await,
         Ok(false) => {
-            k.end(KEPT_END_WAIT).await; // stopped during the take-over
+            k.end().await?; // stopped during the take-over
             Ok(joined.leave(Role::Epn, metrics).await?)
         }
         Err(e) => {
@@ -416,9 +428,9 @@ async fn join_epn(
 /// The builder of one run, with its sinks when it has any.
 async fn build_core(
     opts: &EpnOptions,
-    me: u32,
-    prep: &fanin_proto::Prepare,
+    (me, prep): (u32, &fanin_proto::Prepare),
     b_tx: &mpsc::Sender<BuildEvent>,
+    progress: &Arc<std::sync::atomic::AtomicU64>,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<(EpnCore<Vec<u8>>, Option<Sinks>)> {
     let timeout_us = prep.build_timeout_ms as u64 * 1000;
@@ -433,6 +445,7 @@ async fn build_core(
         metrics: metrics.clone(),
         on_failure: opts.on_sink_failure,
         exec_zero_copy: opts.exec_zero_copy,
+        progress: progress.clone(),
     };
     let sinks = Sinks::start(&opts.sinks, sink_ctx, b_tx.clone())
         .await
@@ -459,11 +472,10 @@ enum Ended {
 }
 
 /// Forwards the ICN's frames to the build task until the run ends; after a RunStop,
-/// waits for the build task (its sinks) up to `stop_wait`.
+/// waits for the build task while its sinks make progress (`until_built`).
 async fn follow_icn(
     rd: &mut tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
-    b_tx: &mpsc::Sender<BuildEvent>,
-    (build_task, stop_wait): (&mut AbortOnDrop<anyhow::Result<()>>, Duration),
+    k: &mut KeptRun,
     me: u32,
     leader: &mut Option<tokio::sync::watch::Receiver<Option<String>>>,
     icn: SocketAddr,
@@ -473,7 +485,7 @@ async fn follow_icn(
             f = read_frame(rd, MAX_CONTROL_BODY) => f,
             other = crate::join::leader_moved(leader.as_mut(), icn) => return Ended::NotLeader(other),
             // The build task ends early only when a sink cannot go on.
-            r = &mut build_task.0 => return Ended::SinkFailed(match r {
+            r = &mut k.build_task.0 => return Ended::SinkFailed(match r {
                 Ok(Err(e)) => e,
                 Ok(Ok(())) => anyhow::anyhow!("EPN {me}: the build task ended mid-run"),
                 Err(e) => anyhow::anyhow!("EPN {me}: the build task failed: {e}"),
@@ -482,15 +494,13 @@ async fn follow_icn(
         match frame {
             Ok(Some(m)) => {
                 let stop = matches!(m, Message::RunStop { .. });
-                let _ = b_tx.send(BuildEvent::Control(m)).await;
+                let _ = k.b_tx.send(BuildEvent::Control(m)).await;
                 if stop {
-                    return match tokio::time::timeout(stop_wait, &mut build_task.0).await {
-                        Ok(Ok(Err(e))) => Ended::SinkFailed(e),
-                        Ok(_) => Ended::Stopped,
-                        Err(_) => Ended::SinkFailed(anyhow::anyhow!(
-                            "EPN {me}: its sinks did not return every TF within {:.1} s of the run's stop (--sink-stop-timeout); leaving them",
-                            stop_wait.as_secs_f64()
-                        )),
+                    let stop_wait = (&*k.sink_progress, k.sink_stop_wait);
+                    return match until_built(&mut k.build_task, stop_wait).await {
+                        Ok(Ok(())) => Ended::Stopped,
+                        Ok(Err(e)) => Ended::SinkFailed(e),
+                        Err(stuck) => Ended::SinkFailed(stuck.context(format!("EPN {me}"))),
                     };
                 }
             }

@@ -250,6 +250,7 @@ mod tests {
             metrics: crate::metrics::Metrics::new("epn", Some(0)),
             on_failure: OnFailure::Restart,
             exec_zero_copy: false,
+            progress: Default::default(),
         };
         let cmd = "setsid sleep 8 & sleep 0.3; cat > /dev/null";
         let mut s = ExecSink::start(cmd, &ctx, Some(dir.path().to_path_buf())).unwrap();

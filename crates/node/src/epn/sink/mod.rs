@@ -226,6 +226,9 @@ pub struct SinkCtx {
     pub on_failure: OnFailure,
     /// Exec sinks lend payload pages (vmsplice) instead of writing them.
     pub exec_zero_copy: bool,
+    /// Bumped for each TF the sinks return and each sink finished: the EPN's stop
+    /// watchdog tells slow sinks from stuck ones by it.
+    pub progress: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The sink thread of one run: built TFs in, verdicts back to the build task.
@@ -353,6 +356,8 @@ fn sink_thread(
         if verdicts.blocking_send(ev).is_err() {
             break;
         }
+        ctx.progress
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(msg) = fatal {
             let _ = verdicts.blocking_send(BuildEvent::SinkFatal(msg));
             break;
@@ -363,6 +368,8 @@ fn sink_thread(
             tracing::error!("EPN {}: sink: {e:#}", ctx.epn);
             ctx.metrics.error("sink_finish");
         }
+        ctx.progress
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

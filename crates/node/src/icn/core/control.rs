@@ -89,10 +89,10 @@ impl IcnCore {
 
     fn pause(&mut self) -> Result<String, String> {
         if matches!(self.phase, Phase::Draining | Phase::Stopping) {
-            // The state still reads RUNNING until the run has ended.
+            // Draining or stopping: the state still reads RUNNING until the run ended.
             let id = self.cfg.run_id;
             return Err(format!(
-                "pause is not possible: run {id} issues no more TFs, it drains"
+                "pause is not possible: run {id} issues no more TFs, it is ending"
             ));
         }
         if self.phase != Phase::Running || self.paused_at.is_some() {

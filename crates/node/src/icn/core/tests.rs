@@ -1444,7 +1444,7 @@ fn a_first_interrupt_while_the_run_drains_by_itself_lets_it_drain() {
     let pause = h.core.command(h.now, crate::runctl::Command::Pause);
     assert_eq!(
         pause.unwrap_err(),
-        "pause is not possible: run 7 issues no more TFs, it drains"
+        "pause is not possible: run 7 issues no more TFs, it is ending"
     );
     let stop = h.core.command(h.now, crate::runctl::Command::Stop).unwrap();
     assert!(stop.contains("drains already"), "{stop}");
