@@ -63,7 +63,7 @@ fn real_and_simulated_runs_choose_the_same_epns() {
             "--results",
             sim_out.to_str().unwrap(),
         ]);
-        let (r, s) = (choices(&run_dir(&real_out)), choices(&sim_out.join(name)));
+        let (r, s) = (choices(&run_dir(&real_out)), choices(&run_dir(&sim_out)));
         assert_eq!(r.len(), 240, "{name}: real rows");
         assert_eq!(r, s, "{name}: the same EPN and outcome for every TF");
         // Both runs used every EPN (the comparison is not trivially one EPN).
@@ -175,7 +175,7 @@ fn the_nodes_experiment_completes_every_tf_through_two_epn_crashes() {
     let out = dir.path().to_str().unwrap();
     let text = run_ok(&["sim", exp, "--results", out]);
     assert!(text.contains("issued 3600, completed 3600,"), "{text}");
-    let s = read_summary(&dir.path().join("nodes-epn-crash"));
+    let s = read_summary(&run_dir(dir.path()));
     assert!(s["reassigned"].as_u64().unwrap_or(0) > 0, "{s}");
     let lost: Vec<&str> = s["membership"]
         .as_array()

@@ -115,6 +115,7 @@ fn every_simulation_model_keeps_its_results_inside_the_results_directory() {
         "model = \"packet\"\nname = \"../../../x\"\n[sim]\npreset = \"antares-sector\"\nduration_s = 0.05\n",
         "model = \"flow\"\nname = \"../../../x\"\npolicies = [\"round-robin\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n",
         "model = \"build\"\nname = \"../../../x\"\npolicies = [\"round-robin\"]\n[build]\nk = 4\nduration_s = 0.1\n",
+        "model = \"nodes\"\nname = \"../../../x\"\n[run]\nflps = 1\nepns = 1\nrate_hz = 100\ntfs = 10\n",
     ];
     for (i, text) in files.iter().enumerate() {
         let exp = dir.path().join(format!("e{i}.toml"));
@@ -156,5 +157,42 @@ fn a_file_for_the_other_subcommand_names_the_right_one() {
         assert!(!out.status.success(), "{cmd} {file}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(hint), "{cmd} {file}: {err}");
+    }
+}
+
+/// Two rows (or one policy named twice) whose results would go to one directory are
+/// refused before anything runs: neither result overwrites the other.
+#[test]
+fn rows_or_policies_that_would_share_a_directory_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let flow = "model = \"flow\"\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n";
+    let rows = "[[run]]\nlabel = \"k=8\"\n[[run]]\nlabel = \"k 8\"\n";
+    for (policies, rows, want) in [
+        (
+            "[\"round-robin\"]",
+            rows,
+            "labels `k=8` and `k 8` name the same results directory",
+        ),
+        (
+            "[\"round-robin\", \"round-robin\"]",
+            "",
+            "policies: round-robin is named twice",
+        ),
+    ] {
+        let exp = dir.path().join("dup.toml");
+        std::fs::write(&exp, format!("policies = {policies}\n{flow}{rows}")).unwrap();
+        let results = dir.path().join("results");
+        let out = fanin()
+            .arg("sim")
+            .arg(&exp)
+            .arg("--results")
+            .arg(&results)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{policies} {rows}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(want), "{err}");
+        assert!(!results.exists(), "nothing ran");
     }
 }

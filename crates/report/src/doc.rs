@@ -42,6 +42,8 @@ pub struct Row {
 }
 
 /// The rows of `[[key]]` in `doc`, each merged over `base`; no array: one row, the base.
+/// Two rows whose labels name the same directory are refused (one would overwrite the
+/// other's results).
 pub fn rows_over(
     doc: &Table,
     key: &str,
@@ -60,7 +62,7 @@ pub fn rows_over(
             .collect::<anyhow::Result<_>>()?,
         Some(_) => bail!("experiment {origin}: `{key}` must be an array of tables ([[{key}]])"),
     };
-    Ok(raw
+    let rows: Vec<Row> = raw
         .into_iter()
         .enumerate()
         .map(|(i, row)| {
@@ -81,7 +83,17 @@ pub fn rows_over(
                 merged,
             }
         })
-        .collect())
+        .collect();
+    let mut dirs = std::collections::BTreeMap::new();
+    for r in &rows {
+        if let Some(first) = dirs.insert(crate::sanitize(&r.label), &r.label) {
+            bail!(
+                "experiment {origin}: [[{key}]] labels `{first}` and `{}` name the same results directory",
+                r.label
+            );
+        }
+    }
+    Ok(rows)
 }
 
 /// A TOML error as one line: `line L, column C: message`.

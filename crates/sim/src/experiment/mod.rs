@@ -90,7 +90,7 @@ fn policies(doc: &Table, origin: &str) -> anyhow::Result<Vec<fanin_sched::Policy
     let names = v
         .as_array()
         .with_context(|| format!("experiment {origin}: policies must be an array of names"))?;
-    names
+    let kinds: Vec<fanin_sched::PolicyKind> = names
         .iter()
         .map(|v| {
             v.as_str()
@@ -98,7 +98,16 @@ fn policies(doc: &Table, origin: &str) -> anyhow::Result<Vec<fanin_sched::Policy
                 .parse()
                 .map_err(|e| anyhow::anyhow!("experiment {origin}: policies: {e}"))
         })
-        .collect()
+        .collect::<anyhow::Result<_>>()?;
+    // Each policy's results have a directory of their own: one named twice would
+    // overwrite the other.
+    if let Some(twice) = kinds
+        .iter()
+        .find(|k| kinds.iter().filter(|o| o == k).count() > 1)
+    {
+        bail!("experiment {origin}: policies: {twice} is named twice");
+    }
+    Ok(kinds)
 }
 
 /// A file whose `[[run]]` rows each run with every policy (`flow`, `build`): its name,

@@ -26,13 +26,13 @@ pub fn load(path: &Path) -> anyhow::Result<(String, Scenario)> {
     Ok((name, s))
 }
 
-/// Runs the file; writes `results/NAME/{summary.json,summary.csv,tfs.csv,log.txt}`; an
-/// error when a promise was broken.
+/// Runs the file; writes `results/STAMP-sim-NAME/{summary.json,summary.csv,tfs.csv,log.txt}`
+/// (the name sanitised: nothing outside `results`, nothing overwritten); an error when a
+/// promise was broken.
 pub fn run_file(path: &Path, results: &Path) -> anyhow::Result<PathBuf> {
     let (name, s) = load(path)?;
     let mut o = simulate(&s)?;
-    let dir = results.join(&name);
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = fanin_report::experiment_root(results, "sim", &name)?;
     o.summary.write(&dir)?;
     std::fs::write(dir.join("tfs.csv"), o.tfs_csv())
         .with_context(|| format!("writing {}", dir.join("tfs.csv").display()))?;
