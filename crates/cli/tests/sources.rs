@@ -225,6 +225,36 @@ fn a_missing_ring_ends_its_flp_with_one_line() {
     icn.proc.kill9();
 }
 
+/// An STF larger than the run's `stf_size` (which the EPNs accept at most) fails its
+/// source with a line naming both, instead of being sent and refused EPN after EPN.
+#[test]
+fn an_stf_over_the_runs_stf_size_fails_its_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let cfg = config(10) + "stf_stale_ms = 300\non_stale = \"drop\"\nmax_loss_pct = 100\n";
+    let cfg = cfg.replace("stf_stale_ms = 20000\n", "");
+    let icn = start_icn(dir, &cfg, "127.0.0.1:0");
+    let _epns = epns(dir, &icn, &dir.join("tfs"));
+    let big = "exec:python3 -c 'import sys, struct; \
+               sys.stdout.buffer.write(b\"FSTF\" + struct.pack(\"<HHQQ\", 1, 0, 0, 70000) + bytes(70000))'";
+    let script = dir.join("readout.py");
+    std::fs::write(&script, EXEC_SCRIPT).unwrap();
+    let good = format!("exec:python3 {} 10", script.display());
+    let _flp0 = spawn_flp_with(dir, icn.control, 0, &["--source", big]);
+    let _flp1 = spawn_flp_with(dir, icn.control, 1, &["--source", &good]);
+    let (st, s, _) = icn.finish(60);
+    assert!(st.success(), "{s}");
+    assert_eq!(s["invariant_ok"], true);
+    let want = "FLP 0: source: the STF of TF 0 is 70000 bytes, over the run's stf_size (65536 bytes at most)";
+    assert!(s.to_string().contains(want), "{s}");
+    let lost = s["membership"].as_array().unwrap().iter();
+    assert_eq!(
+        lost.filter(|m| m["kind"] == "lost").count(),
+        0,
+        "no EPN lost: {s}"
+    );
+}
+
 #[test]
 fn a_malformed_stf_fails_its_source_and_the_tfs_end_with_their_reason() {
     let tmp = tempfile::tempdir().unwrap();

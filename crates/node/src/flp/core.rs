@@ -230,6 +230,11 @@ impl FlpCore {
         self.budget.limit().saturating_sub(self.budget.used())
     }
 
+    /// The largest STF of the run's `stf_size`: what its EPNs accept.
+    pub fn stf_max(&self) -> u64 {
+        self.size.max()
+    }
+
     /// On-data: can the send buffer take an STF of `size` bytes now? When it cannot,
     /// the source is held back (visibly: a level and a count per hold), never dropped.
     pub fn has_room(&mut self, size: u64) -> bool {

@@ -672,6 +672,13 @@ impl Shell {
     fn source_event(&mut self, ev: Result<Event, SourceError>) -> Option<Input> {
         let me = self.ctx.me;
         let (ok, detail) = match ev {
+            // The EPNs refuse a frame over the run's stf_size: never send one.
+            Ok(Event::Stf(p)) if p.info.size > self.core.stf_max() => {
+                let (tf, size, max) = (p.info.tf_id, p.info.size, self.core.stf_max());
+                self.fail_source(format!(
+                    "FLP {me}: source: the STF of TF {tf} is {size} bytes, over the run's stf_size ({max} bytes at most)"
+                ))
+            }
             Ok(Event::Stf(p)) => {
                 let fits = self.core.has_room(p.info.size);
                 assert!(
