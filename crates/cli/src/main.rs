@@ -314,6 +314,10 @@ fn session_options(a: &IcnArgs) -> anyhow::Result<icn::SessionOptions> {
         None => None,
     };
     let parse = |text: &str| session_run(experiment::parse_run_config(text, "the configuration")?);
+    // As configure's `run=N`: room for the run numbers that follow.
+    if let Some(n) = a.run_id.filter(|n| *n >= u64::MAX / 2) {
+        anyhow::bail!("--run-id: {n} is too large for a session's first run");
+    }
     Ok(icn::SessionOptions {
         control_bind: a.control,
         metrics_bind: a.metrics.expect("clap requires --metrics with --session"),
@@ -495,17 +499,22 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
 }
 
 /// The sinks, with every plug-in library present.
+/// A plug-in's path is made absolute: the library checked here is the one loaded (a bare
+/// name would be looked up in the system's library path).
 fn sinks_checked(sinks: &[epn::sink::SinkSpec]) -> anyhow::Result<Vec<epn::sink::SinkSpec>> {
-    for s in sinks {
+    let mut checked = sinks.to_vec();
+    for s in &mut checked {
         if let epn::sink::SinkSpec::Plugin { lib, .. } = s {
             anyhow::ensure!(
                 lib.is_file(),
                 "--sink plugin:{}: no such file",
                 lib.display()
             );
+            *lib = std::path::absolute(&*lib)
+                .map_err(|e| anyhow::anyhow!("--sink plugin:{}: {e}", lib.display()))?;
         }
     }
-    Ok(sinks.to_vec())
+    Ok(checked)
 }
 
 fn main() {

@@ -269,6 +269,13 @@ fn bad_configuration_values_name_their_field() {
     one_line_error(&epn(&["--sink", "tap:nowhere"]), &["tap address"]);
     one_line_error(&epn(&["--sink", "plugin:/no/lib.so"]), &["/no/lib.so"]);
     one_line_error(&epn(&["--in-order", "4"]), &["--in-order", "--sink"]);
+    one_line_error(
+        &epn(&["--sink-stop-timeout", "0"]),
+        &["--sink-stop-timeout"],
+    );
+    let session = ["icn", "--session", "--metrics", "127.0.0.1:0"];
+    let huge = [&session[..], &["--run-id", "18446744073709551615"]].concat();
+    one_line_error(&huge, &["--run-id", "too large"]);
     one_line_error(&["inspect", "/etc/passwd"], &["not a fanin TF file"]);
     one_line_error(&["trigger", "--epn", "127.0.0.1:1"], &["127.0.0.1:1"]);
     // A results directory that cannot be made: refused before anything runs.

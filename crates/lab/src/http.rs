@@ -1,11 +1,15 @@
 //! A small HTTP/1.1 client for fanin's own node endpoints (run control, the burst
-//! trigger): one request per connection, the answer read until the node closes it.
+//! trigger): one request per connection (`Connection: close`), an answer of at most
+//! `MAX_REPLY` bytes read until the node (or a proxy) closes it or its length is in.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::Context;
+
+/// The most bytes of an answer read (run control answers are a line of JSON).
+const MAX_REPLY: u64 = 1 << 20;
 
 /// A node's answer: the status code and the body.
 pub struct Answer {
@@ -29,16 +33,18 @@ pub fn request(
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes())
         .and_then(|()| s.write_all(body))
         .with_context(|| format!("{who} at {addr}"))?;
-    let mut reply = String::new();
-    s.read_to_string(&mut reply)
-        .with_context(|| format!("{who} at {addr}: no reply"))?;
+    let reply = read_reply(&mut s).with_context(|| format!("{who} at {addr}: no reply"))?;
     let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let body = match content_length(head) {
+        Some(n) => body.get(..n).unwrap_or(body),
+        None => body,
+    };
     let code = head
         .split_whitespace()
         .nth(1)
@@ -48,4 +54,65 @@ pub fn request(
         code,
         body: body.to_string(),
     })
+}
+
+/// The answer's bytes: until the server closes, `Content-Length` bytes of body are in,
+/// or `MAX_REPLY` bytes came (a server that keeps the connection open is not waited
+/// for once its answer is whole).
+fn read_reply(s: &mut TcpStream) -> std::io::Result<String> {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 16 << 10];
+    while (got.len() as u64) < MAX_REPLY {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&got);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            if content_length(head).is_some_and(|want| body.len() >= want) {
+                break;
+            }
+        }
+    }
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
+/// The `Content-Length` of an answer's head, if it has one.
+fn content_length(head: &str) -> Option<usize> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse().ok())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    /// A server that keeps the connection open after a whole answer (a keep-alive
+    /// proxy) is not waited for: the answer is in once its Content-Length is.
+    #[test]
+    fn an_answer_is_whole_at_its_length_even_on_a_connection_left_open() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = [0u8; 1024];
+            let n = s.read(&mut req).unwrap();
+            let req = String::from_utf8_lossy(&req[..n]).into_owned();
+            assert!(req.contains("Connection: close"), "{req}");
+            let body = r#"{"ok": true}"#;
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len());
+            s.write_all((head + body + "trailing bytes of nothing").as_bytes())
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_secs(30)); // never closes first
+            req
+        });
+        // Waiting for the close, it would fail at its 10 s read time-out.
+        let a = super::request("ICN", addr, ("POST", "/ctl/stop"), None, b"").unwrap();
+        assert_eq!((a.code, a.body.as_str()), (200, r#"{"ok": true}"#));
+        drop(server); // detached: its sleep ends with the test binary
+    }
 }

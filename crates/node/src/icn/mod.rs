@@ -656,18 +656,18 @@ impl Shell {
             self.act(action);
         }
         summary.run_start_unix_us = self.run_start_unix_us;
-        if let Some(csv) = self.tfs_csv.take() {
-            csv.finish()?;
-        }
-        // The counts reach the log even when the results directory is gone.
+        // The counts reach the log even when the results directory is gone or full.
         log_counts(&summary);
-        if let Some(dir) = results_dir {
-            if let Err(e) = summary.write(dir) {
-                // The result is not lost: it goes to stdout, and the exit says why.
-                let json = serde_json::to_string(&summary).unwrap_or_default();
-                say(&format!("SUMMARY {json}"));
-                return Err(e.context("the summary is on stdout (SUMMARY line)"));
-            }
+        let rows = self.tfs_csv.take().map_or(Ok(()), |csv| csv.finish());
+        let written = rows.and_then(|()| match results_dir {
+            Some(dir) => summary.write(dir),
+            None => Ok(()),
+        });
+        if let Err(e) = written {
+            // The result is not lost: it goes to stdout, and the exit says why.
+            let json = serde_json::to_string(&summary).unwrap_or_default();
+            say(&format!("SUMMARY {json}"));
+            return Err(e.context("the summary is on stdout (SUMMARY line)"));
         }
         Ok(summary)
     }

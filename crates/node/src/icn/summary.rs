@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use super::ledger::{Ledger, TfRow};
@@ -341,6 +342,11 @@ impl Summary {
     }
 }
 
+/// Creates `path`; the error names it.
+fn create(path: &Path) -> anyhow::Result<std::fs::File> {
+    std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))
+}
+
 /// Writes `path` through a temporary file beside it and a rename: readers see the old
 /// file or the whole new one. The error names the path.
 pub fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
@@ -391,10 +397,10 @@ impl TfCsv {
     pub const HEADER: &'static str = "tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason";
 
     pub fn create(dir: &Path) -> anyhow::Result<TfCsv> {
-        let f = std::fs::File::create(dir.join("tfs.csv"))?;
+        let f = create(&dir.join("tfs.csv"))?;
         let mut out = std::io::BufWriter::new(f);
         writeln!(out, "{}", Self::HEADER)?;
-        let f = std::fs::File::create(dir.join("loads.csv"))?;
+        let f = create(&dir.join("loads.csv"))?;
         let mut loads = std::io::BufWriter::new(f);
         writeln!(loads, "time_s,epn,free_bytes,building")?;
         Ok(TfCsv {
@@ -409,7 +415,7 @@ impl TfCsv {
     /// the failed ICNs wrote (the next take-over reads this one file); loads go on.
     pub fn resume(dir: &Path, name: &str, rows: &[TfRow]) -> anyhow::Result<TfCsv> {
         let file = dir.join(name);
-        let mut out = std::io::BufWriter::new(std::fs::File::create(&file)?);
+        let mut out = std::io::BufWriter::new(create(&file)?);
         writeln!(out, "{}", Self::HEADER)?;
         for r in rows {
             writeln!(out, "{}", Self::line(r))?;
@@ -418,7 +424,8 @@ impl TfCsv {
         let loads = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
-            .open(dir.join("loads.csv"))?;
+            .open(dir.join("loads.csv"))
+            .with_context(|| format!("opening {}", dir.join("loads.csv").display()))?;
         Ok(TfCsv {
             out,
             loads: std::io::BufWriter::new(loads),
@@ -495,11 +502,17 @@ impl TfCsv {
     }
 
     /// The last rows out; after a take-over the rows file becomes the run's `tfs.csv`.
-    pub fn finish(mut self) -> std::io::Result<()> {
-        self.flush()?;
-        let tfs = self.file.with_file_name("tfs.csv");
-        if self.file != tfs {
-            std::fs::rename(&self.file, tfs)?;
+    /// The error names the file.
+    pub fn finish(mut self) -> anyhow::Result<()> {
+        let file = self.file.clone();
+        let dir = file.parent().unwrap_or(Path::new("."));
+        self.flush()
+            .map_err(|e| anyhow::anyhow!("writing the rows in {}: {e}", dir.display()))?;
+        let tfs = file.with_file_name("tfs.csv");
+        if file != tfs {
+            std::fs::rename(&file, &tfs).map_err(|e| {
+                anyhow::anyhow!("renaming {} to {}: {e}", file.display(), tfs.display())
+            })?;
         }
         Ok(())
     }
