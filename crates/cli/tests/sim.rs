@@ -196,3 +196,46 @@ fn rows_or_policies_that_would_share_a_directory_are_refused() {
         assert!(!results.exists(), "nothing ran");
     }
 }
+
+/// Values a simulation cannot go through (simulated time past its range, steps that
+/// round to nothing, a failure every picosecond, a fat tree too large to hold) are one
+/// line naming the field, found by `fanin --check sim` and before any row runs.
+#[test]
+fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let flow = "model = \"flow\"\npolicies = [\"round-robin\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n";
+    let build = "model = \"build\"\npolicies = [\"round-robin\"]\n[build]\nk = 4\nduration_s = 0.1\n[[run]]\nlabel = \"fine\"\n[[run]]\nlabel = \"bad\"\n";
+    let fabric = "model = \"fabric\"\n[fabric]\nk = 4\nhosts_per_edge = 2\n";
+    for (text, field) in [
+        (format!("{flow}mttr_s = 1e11\n"), "mttr_s"),
+        (format!("{flow}build_timeout_s = 1e10\n"), "build_timeout_s"),
+        (format!("{flow}mtbf_s = 1e-12\nmttr_s = 0\n"), "mtbf_s"),
+        (
+            format!("{flow}processing = \"fixed(1e11)\"\n"),
+            "processing",
+        ),
+        (
+            format!("{build}hosts_per_edge = 1000000\n"),
+            "hosts_per_edge",
+        ),
+        (format!("{build}flp_every = 1\n"), "flp_every"),
+        (format!("{fabric}sample_s = 1e-10\n"), "sample_s"),
+    ] {
+        let exp = dir.path().join("bad.toml");
+        std::fs::write(&exp, &text).unwrap();
+        let results = dir.path().join("results");
+        for check in [true, false] {
+            let mut cmd = fanin();
+            if check {
+                cmd.arg("--check");
+            }
+            let out = cmd.arg("sim").arg(&exp).arg("--results").arg(&results);
+            let out = out.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{text}");
+            assert_eq!(err.trim().lines().count(), 1, "{text}: {err}");
+            assert!(err.contains(field), "{text}: {err}");
+            assert!(!results.exists(), "{text}: nothing ran");
+        }
+    }
+}

@@ -324,8 +324,22 @@ pub fn run_file(
 
 /// Runs a `[build]` file: every `[[run]]` row (routing, Hedera, load...) with every
 /// policy in `crates/sched` (or `policies = [...]`), one table row each.
+/// Row `label`'s build configuration, checked (its policy is set per run).
+pub(super) fn build_config(
+    label: &str,
+    t: &toml::Table,
+    origin: &str,
+) -> anyhow::Result<crate::fabric::build::BuildConfig> {
+    let cfg: crate::fabric::build::BuildConfig = Value::Table(t.clone())
+        .try_into()
+        .with_context(|| format!("experiment {origin}: run {label}"))?;
+    crate::fabric::build::check(&cfg)
+        .map_err(|e| anyhow::anyhow!("experiment {origin}: run {label}: {e}"))?;
+    Ok(cfg)
+}
+
 pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::Result<()> {
-    use crate::fabric::build::{run as build, BuildConfig};
+    use crate::fabric::build::run as build;
     let super::PolicyRows {
         name,
         origin,
@@ -333,6 +347,10 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
         mut rows,
     } = super::policy_rows(path, "build")?;
     super::keep_only(&mut rows, only, |r| &r.label)?;
+    // Every row checked before the first runs: a bad last row fails at once.
+    for row in &rows {
+        build_config(&row.label, &row.merged, &origin)?;
+    }
     let root = fanin_report::experiment_root(results, "sim", &name)?;
     println!(
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
@@ -359,9 +377,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
     for row in rows {
         let (label, t) = (row.label, row.merged);
         for &p in &policies {
-            let mut cfg: BuildConfig = Value::Table(t.clone())
-                .try_into()
-                .with_context(|| format!("experiment {origin}: run {label}"))?;
+            let mut cfg = build_config(&label, &t, &origin)?;
             cfg.policy = p;
             let s = build(&cfg).map_err(|e| anyhow::anyhow!("run {label}: {e}"))?;
             let dir = root.join(format!("{}-{}", fanin_report::sanitize(&label), p.name()));

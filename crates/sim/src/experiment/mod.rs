@@ -174,6 +174,9 @@ pub fn check(path: &Path, only: &[String]) -> anyhow::Result<(Model, usize)> {
         Model::Build => {
             let mut r = policy_rows(path, "build")?;
             keep_only(&mut r.rows, only, |r| &r.label)?;
+            for row in &r.rows {
+                fabric::build_config(&row.label, &row.merged, &r.origin)?;
+            }
             r.rows.len() * r.policies.len()
         }
         Model::Nodes => {

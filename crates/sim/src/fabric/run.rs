@@ -161,6 +161,19 @@ impl FabricConfig {
         if self.duration_s() > 100_000.0 {
             return Err("run longer than 100 000 s".into());
         }
+        // Each step takes time (a step that rounds to 0 ns never ends) and a run has at
+        // most a million of them.
+        for (name, step) in [
+            ("sample_s", self.sample_s),
+            ("hedera_interval_s", self.hedera_interval_s),
+        ] {
+            if step < 1e-6 || self.duration_s() / step > 1e6 {
+                return Err(format!(
+                    "{name} = {step}: at least 1 µs and at most a million steps in the run"
+                )
+                .into());
+            }
+        }
         let p: Pattern = self.pattern.parse()?;
         if let Pattern::Stride(i) = p {
             let hosts = self.k * self.k / 2 * self.hosts_per_edge;

@@ -242,6 +242,7 @@ impl AliceConfig {
                 return Err(format!("{n} = {v}: must be zero or positive").into());
             }
         }
+        self.check_times(&proc, s.epns)?;
         if self.duration_s * s.tf_rate_hz > 1e7 {
             return Err("more than 10 million TFs: shorten duration_s".into());
         }
@@ -252,6 +253,50 @@ impl AliceConfig {
             return Err("processing_slots must be at least 1".into());
         }
         Ok((s, size, proc))
+    }
+}
+
+/// The longest time a flow-model parameter may name (about 30 years; an exponential's
+/// mean a 40th of it, for its tail): simulated time in nanoseconds, the sum of a few of
+/// them, stays far from overflowing.
+const MAX_SECONDS: f64 = 1e9;
+
+impl AliceConfig {
+    /// Times within `MAX_SECONDS` (processing with its slow factor, an exponential's
+    /// tail counted), and failures that a run can go through (at most 10 million).
+    fn check_times(&self, proc: &Proc, epns: u32) -> Result<(), crate::ConfigError> {
+        for (n, s, max) in [
+            ("duration_s", self.duration_s, MAX_SECONDS),
+            ("drain_s", self.drain_s, MAX_SECONDS),
+            ("build_timeout_s", self.build_timeout_s, MAX_SECONDS),
+            ("mtbf_s", self.mtbf_s, MAX_SECONDS / 40.0),
+            ("mttr_s", self.mttr_s, MAX_SECONDS / 40.0),
+            ("recompute_ms", self.recompute_ms / 1e3, MAX_SECONDS),
+            ("readout_ms", self.readout_ms / 1e3, MAX_SECONDS),
+            ("announce_us", self.announce_us / 1e6, MAX_SECONDS),
+        ] {
+            if s > max {
+                return Err(format!("{n}: {s} s is over {max:e} s").into());
+            }
+        }
+        let longest = match *proc {
+            Proc::Fixed(a) => a,
+            Proc::Uniform(_, b) => b,
+            Proc::Exp(mean) => 40.0 * mean,
+        };
+        if longest * self.slow_factor.max(1.0) > MAX_SECONDS {
+            let p = &self.processing;
+            return Err(
+                format!("processing {p:?} with slow_factor: over {MAX_SECONDS:e} s").into(),
+            );
+        }
+        let failures = epns as f64 * (self.duration_s + self.drain_s) / (self.mtbf_s + self.mttr_s);
+        if self.mtbf_s > 0.0 && failures > 1e7 {
+            return Err(
+                format!("mtbf_s: {failures:.0} failures expected; at most 10 million").into(),
+            );
+        }
+        Ok(())
     }
 }
 
