@@ -340,6 +340,13 @@ fn session_run(cfg: RunConfig) -> anyhow::Result<fanin_node::config::Checked> {
         cfg.registry == Registry::Embedded,
         "registry: run control (fanin icn --session) does not use a registry"
     );
+    // A session admits this many nodes at once: a larger run could never start.
+    let nodes = cfg.flps as usize + cfg.epns as usize;
+    let most = fanin_node::icn::SESSION_MAX_NODES;
+    anyhow::ensure!(
+        nodes <= most,
+        "flps + epns: {nodes} nodes, a session takes at most {most}"
+    );
     cfg.check()
 }
 

@@ -170,6 +170,18 @@ fn nodes_wait_while_the_icn_is_idle_and_leave_on_exit() {
     }
     let err = refused(s.http, &s.secret, &["pause"]);
     assert!(err.contains("pause is not possible in state IDLE"), "{err}");
+    // A run larger than a session admits at once could never start: refused.
+    let huge = dir.join("huge.toml");
+    std::fs::write(
+        &huge,
+        "[run]\nflps = 3000\nepns = 2000\nrate_hz = 10\ntfs = 10\n",
+    )
+    .unwrap();
+    let err = refused(s.http, &s.secret, &["configure", huge.to_str().unwrap()]);
+    assert!(
+        err.contains("flps + epns: 5000 nodes, a session takes at most 4096"),
+        "{err}"
+    );
     ok(s.http, &s.secret, &["exit"]);
     assert!(flp.wait(20).success());
     assert!(s.icn.wait(20).success());

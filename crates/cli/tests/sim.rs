@@ -95,6 +95,7 @@ fn bad_simulation_input_is_one_line_naming_the_field() {
             "fragment_size",
         ),
         (vec!["sim", "--min-rto-ms=-1"], "min_rto_ms"),
+        (vec!["sim", "--seed", "18446744073709551615"], "--seed"),
     ] {
         let out = fanin().args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?}");
@@ -206,6 +207,8 @@ fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
     let flow = "model = \"flow\"\npolicies = [\"round-robin\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n";
     let build = "model = \"build\"\npolicies = [\"round-robin\"]\n[build]\nk = 4\nduration_s = 0.1\n[[run]]\nlabel = \"fine\"\n[[run]]\nlabel = \"bad\"\n";
     let fabric = "model = \"fabric\"\n[fabric]\nk = 4\nhosts_per_edge = 2\n";
+    let nodes = "model = \"nodes\"\n[run]\nflps = 1\nepns = 1\nrate_hz = 100\ntfs = 10\n\
+                 [[fault]]\nat_ms = 100\nnode = \"epn:0\"\nkind = \"freeze\"\n";
     for (text, field) in [
         (format!("{flow}mttr_s = 1e11\n"), "mttr_s"),
         (format!("{flow}build_timeout_s = 1e10\n"), "build_timeout_s"),
@@ -214,12 +217,17 @@ fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
             format!("{flow}processing = \"fixed(1e11)\"\n"),
             "processing",
         ),
+        (format!("{flow}epn_buffer_gb = 0\n"), "epn_buffer_gb"),
         (
             format!("{build}hosts_per_edge = 1000000\n"),
             "hosts_per_edge",
         ),
         (format!("{build}flp_every = 1\n"), "flp_every"),
         (format!("{fabric}sample_s = 1e-10\n"), "sample_s"),
+        (
+            format!("{nodes}ms = 18446744073709\n"),
+            "18446744073709 ms is over a year",
+        ),
     ] {
         let exp = dir.path().join("bad.toml");
         std::fs::write(&exp, &text).unwrap();

@@ -27,7 +27,7 @@ use core::{Action, CoreConfig, IcnCore, Input, Level, Phase};
 use summary::{Summary, TfCsv};
 
 pub use peer::{ConnId, Event};
-pub use session::{session, SessionOptions};
+pub use session::{session, SessionOptions, MAX_MEMBERS as SESSION_MAX_NODES};
 
 pub struct IcnOptions {
     pub run: Checked,

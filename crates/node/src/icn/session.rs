@@ -48,7 +48,7 @@ pub struct SessionOptions {
 }
 
 /// Registered connections at once (nodes of the largest run, and rejoining ones).
-const MAX_MEMBERS: usize = 4096;
+pub const MAX_MEMBERS: usize = 4096;
 
 /// Registrations held while a run ends, for the next one.
 const MAX_HELD: usize = 1024;

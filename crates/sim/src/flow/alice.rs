@@ -246,6 +246,13 @@ impl AliceConfig {
         if self.duration_s * s.tf_rate_hz > 1e7 {
             return Err("more than 10 million TFs: shorten duration_s".into());
         }
+        // An EPN without buffer takes no TF (and its occupancy would divide by zero).
+        if self.epn_buffer_gb == 0.0 {
+            return Err("epn_buffer_gb must be positive".into());
+        }
+        if self.duration_s == 0.0 {
+            return Err("duration_s must be positive".into());
+        }
         if self.slow_epn_frac > 1.0 {
             return Err("slow_epn_frac is a fraction (0 to 1)".into());
         }

@@ -108,8 +108,22 @@ impl Fault {
         format!("{s:.3} s: {what} {}", self.node.end().name())
     }
 
-    /// A one-line error when the fault names a node the run does not have.
+    /// A one-line error when the fault names a node the run does not have, or a time
+    /// past a year (simulated time in nanoseconds must not overflow).
     pub fn check(&self, flps: u32, epns: u32) -> Result<(), String> {
+        const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
+        let times = match self.kind {
+            FaultKind::Kill { restart_ms } => [restart_ms.unwrap_or(0), 0],
+            FaultKind::Freeze { ms } | FaultKind::Partition { ms, .. } => [ms, 0],
+            FaultKind::Slow { extra_us, ms } => [ms, extra_us / 1000],
+            _ => [0, 0],
+        };
+        if let Some(t) = [self.at_ms, times[0], times[1]]
+            .into_iter()
+            .find(|t| *t > YEAR_MS)
+        {
+            return Err(format!("fault at {} ms: {t} ms is over a year", self.at_ms));
+        }
         let exists = |p: Peer| match p {
             Peer::Flp(i) => i < flps,
             Peer::Epn(i) => i < epns,

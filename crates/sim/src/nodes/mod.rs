@@ -68,8 +68,13 @@ impl Scenario {
             "run.registry: the nodes model simulates its ZooKeeper: `zookeeper` or `embedded`, not a URL"
         );
         anyhow::ensure!(
-            self.net.link_gbps > 0.0 && self.net.link_gbps.is_finite(),
-            "net.link_gbps must be a positive number"
+            self.net.link_gbps >= 1e-3 && self.net.link_gbps.is_finite(),
+            "net.link_gbps must be a number of at least 0.001"
+        );
+        anyhow::ensure!(
+            self.net.latency_us <= 10_000_000,
+            "net.latency_us: {} is over 10 s",
+            self.net.latency_us
         );
         let zk = self.run.registry == fanin_node::config::Registry::ZooKeeper;
         for f in &self.faults {
