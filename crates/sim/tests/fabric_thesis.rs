@@ -58,6 +58,14 @@ fn hedera_worst_fit_improves_and_balanced_reaches_the_optimum() {
     }
 }
 
+/// A stride is taken modulo the hosts, however large: stride(2^32 - 1) over 80 hosts is
+/// stride(15), and no sum of host and stride overflows.
+#[test]
+fn a_stride_near_the_largest_integer_is_its_remainder() {
+    let huge = run(&cfg("stride(4294967295)", None, 1)).unwrap().csv();
+    assert_eq!(huge, run(&cfg("stride(15)", None, 1)).unwrap().csv());
+}
+
 #[test]
 fn same_seed_same_bytes_other_seed_other_pattern() {
     for h in [None, Some(Placement::WorstFit), Some(Placement::Annealing)] {

@@ -190,6 +190,7 @@ pub fn run_experiment(
     std::fs::write(root.join("table.txt"), &t)?;
     let mut csv = String::from("run,policy,issued,completed,incomplete,dropped,incomplete_reasons,dropped_reasons,waited,latency_mean_s,latency_p50_s,latency_p99_s,latency_max_s,buffer_mean_frac,buffer_peak_frac,flp_link_util,epn_link_util,epn_link_util_max,goodput_tbps,epn_failures,invariant_ok,wall_s\n");
     for (label, s, wall) in &rows {
+        let label = label.replace('"', "\"\""); // a quote in a label is doubled (RFC 4180)
         let _ = writeln!(
             csv,
             "\"{label}\",{},{},{},{},{},\"{}\",\"{}\",{},{:.4},{:.4},{:.4},{:.4},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{},{},{wall:.2}",

@@ -300,7 +300,7 @@ pub fn csv(rows: &[(Run, SimSummary)]) -> String {
         let _ = writeln!(
             out,
             "\"{}\",{},{},{},{},{},{},{},{},{:.4},{:.6},{:.6},{:.6},{:.4},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.3}",
-            r.label,
+            r.label.replace('"', "\"\""), // a quote in a label is doubled (RFC 4180)
             s.lcms,
             s.pcs,
             s.transport,

@@ -260,7 +260,10 @@ pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
     let mut rng_rate = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x1319_8a2e_0370_7344);
     let salt = mix(cfg.seed ^ 0xa409_3822_299f_31d0);
     let dsts: Vec<u32> = match pattern {
-        Pattern::Stride(i) => (0..n).map(|x| (x + i) % n).collect(),
+        // In u64: a stride near u32::MAX must not wrap (it stays a bijection).
+        Pattern::Stride(i) => (0..n)
+            .map(|x| ((x as u64 + i as u64) % n as u64) as u32)
+            .collect(),
         Pattern::Random => loop {
             let mut p: Vec<u32> = (0..n).collect();
             for i in (1..n as usize).rev() {
@@ -281,7 +284,14 @@ pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
             // D-ITG: a fresh source port per sender, destination port 7000.
             let path = match cfg.routing {
                 Routing::SinglePath => 0,
-                Routing::Ecmp => ecmp_index(src as u32, dst, 10_000 + src as u16, 7000, salt, np),
+                Routing::Ecmp => ecmp_index(
+                    src as u32,
+                    dst,
+                    10_000u16.wrapping_add(src as u16),
+                    7000,
+                    salt,
+                    np,
+                ),
             };
             Host {
                 dst,

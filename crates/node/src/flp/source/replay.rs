@@ -1,7 +1,7 @@
 //! The `replay:DIR` source: the STFs of this FLP in TF files an EPN's `file:` sink wrote
 //! (every `*.fanin` in DIR, name order), at a given rate or as fast as room allows.
 
-use std::collections::HashSet;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,7 @@ pub struct Replay {
     skipped: u64,
     /// TFs produced so far: a TF in two files (a killed EPN's file may hold one its
     /// successor built again) is produced once.
-    seen: HashSet<u64>,
+    seen: IdRanges,
     duplicates: u64,
     /// Files that end in a cut-off record, or before their header (an EPN killed as it
     /// wrote): read up to there.
@@ -76,7 +76,7 @@ impl Replay {
             t0: Instant::now(),
             made: 0,
             skipped: 0,
-            seen: HashSet::new(),
+            seen: IdRanges::default(),
             duplicates: 0,
             cut_short: empty.len() as u64,
             what,
@@ -203,8 +203,65 @@ fn open_file(path: &Path, me: u32) -> Result<Head, String> {
     })
 }
 
+/// A set of TF ids kept as ranges: a recording's ids are mostly contiguous, so it takes
+/// memory in proportion to its gaps, not to its length.
+#[derive(Default)]
+struct IdRanges {
+    /// First id of each range -> one past its last.
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl IdRanges {
+    /// Adds `id`; false when it was in already.
+    fn insert(&mut self, id: u64) -> bool {
+        let before = self.ranges.range(..=id).next_back().map(|(s, e)| (*s, *e));
+        if before.is_some_and(|(_, end)| id < end) {
+            return false;
+        }
+        let after = id.checked_add(1).and_then(|n| self.ranges.get(&n).copied());
+        let start = match before {
+            Some((s, end)) if end == id => s, // extends the range before it
+            _ => id,
+        };
+        let end = match after {
+            Some(e) => {
+                self.ranges.remove(&(id + 1)); // joins the range after it
+                e
+            }
+            None => id.saturating_add(1),
+        };
+        self.ranges.insert(start, end);
+        debug_assert!(self
+            .ranges
+            .range(..start)
+            .next_back()
+            .is_none_or(|(_, e)| *e < start));
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// Ids in any order, each once: duplicates are seen, and contiguous ids take one
+    /// range however many there are.
+    #[test]
+    fn id_ranges_see_every_duplicate_and_merge_what_is_contiguous() {
+        let mut s = super::IdRanges::default();
+        for id in [5, 3, 4, 9, 0, 1, 2, 7, 8, 6] {
+            assert!(s.insert(id), "{id} is new");
+        }
+        for id in 0..10 {
+            assert!(!s.insert(id), "{id} again");
+        }
+        assert_eq!(s.ranges.len(), 1, "{:?}", s.ranges);
+        assert!(s.insert(20) && s.insert(11) && !s.insert(20));
+        assert_eq!(s.ranges.len(), 3, "{:?}", s.ranges);
+        assert!(s.insert(10));
+        assert_eq!(s.ranges.len(), 2, "{:?}", s.ranges);
+        assert!((0..100_000).filter(|i| s.insert(i + 21)).count() == 100_000);
+        assert_eq!(s.ranges.len(), 2, "0..12 and 20..100021: {:?}", s.ranges);
+    }
+
     use super::*;
     use fanin_proto::tf_record::{encode_file_header, encode_record, TfHeader};
 
