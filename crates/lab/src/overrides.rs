@@ -159,6 +159,14 @@ impl RunOverrides {
 
     /// Sets every given key in `c`; a value of the wrong kind names its flag.
     pub fn apply(&self, c: &mut RunConfig) -> anyhow::Result<()> {
+        // JSON has no NaN or infinity: such a value in the file is named here, before the
+        // round trip below turns it into a null that the next flag would be blamed for.
+        if !self.set.is_empty() {
+            let as_toml = toml::Value::try_from(&*c).context("the run configuration")?;
+            if let Some((key, v)) = non_finite(&as_toml, String::new()) {
+                anyhow::bail!("{key}: {v} is not a finite number");
+            }
+        }
         let mut doc = serde_json::to_value(&*c).expect("RunConfig serialises");
         for (key, text) in &self.set {
             let flag = flag_name(key);
@@ -172,6 +180,26 @@ impl RunOverrides {
                 .map_err(|e| anyhow::anyhow!("--{flag} {text}: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// The first float that is NaN or infinite in `v`, with its dotted key.
+fn non_finite(v: &toml::Value, key: String) -> Option<(String, f64)> {
+    match v {
+        toml::Value::Float(f) if !f.is_finite() => Some((key, *f)),
+        toml::Value::Table(t) => t.iter().find_map(|(k, v)| {
+            let key = if key.is_empty() {
+                k.clone()
+            } else {
+                format!("{key}.{k}")
+            };
+            non_finite(v, key)
+        }),
+        toml::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| non_finite(v, format!("{key}[{i}]"))),
+        _ => None,
     }
 }
 
@@ -273,6 +301,19 @@ mod tests {
         assert_eq!(c.epn_weights, vec![1, 2, 3]);
         assert_eq!(c.least_loaded.max_building, 7);
         assert_eq!((c.tfs, c.duration_s), (Some(500), None), "one run length");
+    }
+
+    /// A NaN from the file is named as the file's, not blamed on the flag given after it.
+    #[test]
+    fn a_non_finite_value_in_the_file_is_named_not_the_flag() {
+        let mut c = RunConfig {
+            rate_hz: f64::NAN,
+            ..RunConfig::default()
+        };
+        let e = RunOverrides::new(&[("flps", "3")])
+            .apply(&mut c)
+            .unwrap_err();
+        assert_eq!(e.to_string(), "rate_hz: NaN is not a finite number");
     }
 
     #[test]
