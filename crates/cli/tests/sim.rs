@@ -122,15 +122,8 @@ fn every_simulation_model_keeps_its_results_inside_the_results_directory() {
         let exp = dir.path().join(format!("e{i}.toml"));
         std::fs::write(&exp, text).unwrap();
         let results = dir.path().join("work").join("results");
-        let out = fanin()
-            .arg("sim")
-            .arg(&exp)
-            .arg("--results")
-            .arg(&results)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{text}: {err}");
+        let (ran, err) = sim(&exp, &results, false);
+        assert!(ran, "{text}: {err}");
         let inside: Vec<_> = std::fs::read_dir(&results).unwrap().collect();
         assert_eq!(inside.len(), i + 1, "{text}: one directory per run");
         let outside: Vec<_> = std::fs::read_dir(dir.path())
@@ -183,15 +176,8 @@ fn rows_or_policies_that_would_share_a_directory_are_refused() {
         let exp = dir.path().join("dup.toml");
         std::fs::write(&exp, format!("policies = {policies}\n{flow}{rows}")).unwrap();
         let results = dir.path().join("results");
-        let out = fanin()
-            .arg("sim")
-            .arg(&exp)
-            .arg("--results")
-            .arg(&results)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{policies} {rows}");
+        let (ran, err) = sim(&exp, &results, false);
+        assert!(!ran, "{policies} {rows}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
         assert!(err.contains(want), "{err}");
         assert!(!results.exists(), "nothing ran");
@@ -233,17 +219,23 @@ fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
         std::fs::write(&exp, &text).unwrap();
         let results = dir.path().join("results");
         for check in [true, false] {
-            let mut cmd = fanin();
-            if check {
-                cmd.arg("--check");
-            }
-            let out = cmd.arg("sim").arg(&exp).arg("--results").arg(&results);
-            let out = out.output().unwrap();
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{text}");
+            let (ran, err) = sim(&exp, &results, check);
+            assert!(!ran, "{text}");
             assert_eq!(err.trim().lines().count(), 1, "{text}: {err}");
             assert!(err.contains(field), "{text}: {err}");
             assert!(!results.exists(), "{text}: nothing ran");
         }
     }
+}
+
+/// `fanin [--check] sim EXP --results RESULTS`: whether it succeeded, and its stderr.
+fn sim(exp: &Path, results: &Path, check: bool) -> (bool, String) {
+    let mut cmd = fanin();
+    if check {
+        cmd.arg("--check");
+    }
+    let out = cmd.arg("sim").arg(exp).arg("--results").arg(results);
+    let out = out.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), err)
 }
