@@ -172,6 +172,11 @@ fn rows_or_policies_that_would_share_a_directory_are_refused() {
             "",
             "policies: round-robin is named twice",
         ),
+        (
+            "[\"round-robin\", \"weighted-round-robin\"]",
+            "[[run]]\nlabel = \"x-weighted\"\n[[run]]\nlabel = \"x\"\n",
+            "share the results directory x-weighted-round-robin",
+        ),
     ] {
         let exp = dir.path().join("dup.toml");
         std::fs::write(&exp, format!("policies = {policies}\n{flow}{rows}")).unwrap();

@@ -39,43 +39,52 @@ pub fn request(
     s.write_all(head.as_bytes())
         .and_then(|()| s.write_all(body))
         .with_context(|| format!("{who} at {addr}"))?;
-    let reply = read_reply(&mut s).with_context(|| format!("{who} at {addr}: no reply"))?;
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let body = match content_length(head) {
-        Some(n) => body.get(..n).unwrap_or(body),
-        None => body,
-    };
+    let reply = read_reply(&mut s).with_context(|| format!("{who} at {addr}"))?;
+    let (head, body) = reply;
     let code = head
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .with_context(|| format!("{who} at {addr}: not an HTTP reply"))?;
-    Ok(Answer {
-        code,
-        body: body.to_string(),
-    })
+    Ok(Answer { code, body })
 }
 
-/// The answer's bytes: until the server closes, `Content-Length` bytes of body are in,
-/// or `MAX_REPLY` bytes came (a server that keeps the connection open is not waited
-/// for once its answer is whole).
-fn read_reply(s: &mut TcpStream) -> std::io::Result<String> {
+/// The answer's head and body: read until the server closes or the body's
+/// `Content-Length` bytes are in (a server that keeps the connection open is not waited
+/// for once its answer is whole). An error when the answer is over `MAX_REPLY` bytes,
+/// chunked, or cut short of its length.
+fn read_reply(s: &mut TcpStream) -> anyhow::Result<(String, String)> {
     let mut got = Vec::new();
     let mut chunk = [0u8; 16 << 10];
-    while (got.len() as u64) < MAX_REPLY {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            break;
-        }
+    let whole = loop {
+        let n = s.read(&mut chunk).context("no reply")?;
         got.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&got);
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            if content_length(head).is_some_and(|want| body.len() >= want) {
-                break;
-            }
+        let split = got.windows(4).position(|w| w == b"\r\n\r\n");
+        let want = split.map(|i| (i, content_length(&String::from_utf8_lossy(&got[..i]))));
+        match want {
+            Some((i, Some(len))) if got.len() >= i + 4 + len => break Some((i, len)),
+            _ if n == 0 => break split.map(|i| (i, got.len() - i - 4)),
+            _ => anyhow::ensure!(
+                (got.len() as u64) < MAX_REPLY,
+                "an answer over {MAX_REPLY} bytes"
+            ),
         }
+    };
+    let Some((i, len)) = whole else {
+        anyhow::bail!("not an HTTP reply (no end of its head)");
+    };
+    let head = String::from_utf8_lossy(&got[..i]).into_owned();
+    anyhow::ensure!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "a chunked answer (fanin's nodes send a length; a proxy must pass it on)"
+    );
+    if let Some(want) = content_length(&head) {
+        anyhow::ensure!(len >= want, "the answer ended {} bytes short", want - len);
     }
-    Ok(String::from_utf8_lossy(&got).into_owned())
+    let body = String::from_utf8_lossy(&got[i + 4..i + 4 + len]).into_owned();
+    Ok((head, body))
 }
 
 /// The `Content-Length` of an answer's head, if it has one.

@@ -291,10 +291,10 @@ pub fn csv(rows: &[RunRow]) -> String {
             writeln!(
             out,
             "\"{}\",{},{},\"{}\",{},{},{},{},{},{:.4},{},{},{},{:.4},{:.3},{:.3},{:.3},{},{},{}",
-            r.label,
+            r.label.replace('"', "\"\""), // a quote is doubled (RFC 4180)
             r.flps,
             r.epns,
-            r.stf_size,
+            r.stf_size.to_string().replace('"', "\"\""),
             r.rate_hz,
             r.runs,
             r.issued,

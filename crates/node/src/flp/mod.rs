@@ -695,6 +695,12 @@ impl Shell {
                 self.core.handle(Input::Produced(p.info));
                 return None;
             }
+            Ok(Event::Held(size)) if size > self.core.stf_max() => {
+                let max = self.core.stf_max();
+                self.fail_source(format!(
+                    "FLP {me}: source: the next STF is {size} bytes, over the run's stf_size ({max} bytes at most)"
+                ))
+            }
             Ok(Event::Held(size)) if size > self.core.limit() => {
                 let limit = self.core.limit();
                 let line = format!(

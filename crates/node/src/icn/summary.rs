@@ -505,9 +505,10 @@ impl TfCsv {
     /// The error names the file.
     pub fn finish(mut self) -> anyhow::Result<()> {
         let file = self.file.clone();
-        let dir = file.parent().unwrap_or(Path::new("."));
-        self.flush()
-            .map_err(|e| anyhow::anyhow!("writing the rows in {}: {e}", dir.display()))?;
+        let named = |f: &Path, e: std::io::Error| anyhow::anyhow!("writing {}: {e}", f.display());
+        self.out.flush().map_err(|e| named(&file, e))?;
+        let loads = file.with_file_name("loads.csv");
+        self.loads.flush().map_err(|e| named(&loads, e))?;
         let tfs = file.with_file_name("tfs.csv");
         if file != tfs {
             std::fs::rename(&file, &tfs).map_err(|e| {

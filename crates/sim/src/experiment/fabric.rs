@@ -322,8 +322,6 @@ pub fn run_file(
     Ok(())
 }
 
-/// Runs a `[build]` file: every `[[run]]` row (routing, Hedera, load...) with every
-/// policy in `crates/sched` (or `policies = [...]`), one table row each.
 /// Row `label`'s build configuration, checked (its policy is set per run).
 pub(super) fn build_config(
     label: &str,
@@ -338,6 +336,8 @@ pub(super) fn build_config(
     Ok(cfg)
 }
 
+/// Runs a `[build]` file: every `[[run]]` row (routing, Hedera, load...) with every
+/// policy in `crates/sched` (or `policies = [...]`), one table row each.
 pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::Result<()> {
     use crate::fabric::build::run as build;
     let super::PolicyRows {
@@ -348,9 +348,8 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
     } = super::policy_rows(path, "build")?;
     super::keep_only(&mut rows, only, |r| &r.label)?;
     // Every row checked before the first runs: a bad last row fails at once.
-    for row in &rows {
-        build_config(&row.label, &row.merged, &origin)?;
-    }
+    rows.iter()
+        .try_for_each(|r| build_config(&r.label, &r.merged, &origin).map(drop))?;
     let root = fanin_report::experiment_root(results, "sim", &name)?;
     println!(
         "fanin sim: {name:?}, event building over a fat tree; results in {}",

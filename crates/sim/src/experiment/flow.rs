@@ -132,6 +132,35 @@ fn table(rows: &[(String, AliceSummary, f64)]) -> String {
     fanin_report::align(&cells)
 }
 
+/// Run `r` with policy `p` and the command line's seed and duration.
+fn configured(
+    r: &AliceRun,
+    p: PolicyKind,
+    seed: Option<u64>,
+    duration: Option<f64>,
+) -> AliceConfig {
+    let mut cfg = r.cfg.clone();
+    cfg.policy = p;
+    cfg.seed = seed.unwrap_or(cfg.seed);
+    cfg.duration_s = duration.unwrap_or(cfg.duration_s);
+    cfg
+}
+
+/// Every run checked before the first: nothing runs, nothing is written, when one
+/// cannot.
+fn check_all(
+    exp: &AliceExperiment,
+    configured: impl Fn(&AliceRun, PolicyKind) -> AliceConfig,
+) -> anyhow::Result<()> {
+    for r in &exp.runs {
+        for &p in &exp.policies {
+            let checked = configured(r, p).check();
+            checked.map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
+        }
+    }
+    Ok(())
+}
+
 pub fn run_experiment(
     mut exp: AliceExperiment,
     results: &Path,
@@ -140,6 +169,8 @@ pub fn run_experiment(
     duration: Option<f64>,
 ) -> anyhow::Result<()> {
     super::keep_only(&mut exp.runs, only, |r| &r.label)?;
+    let configured = |r: &AliceRun, p| configured(r, p, seed, duration);
+    check_all(&exp, configured)?;
     let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?} on the flow model, {} run(s) x {} policies; results in {}",
@@ -151,14 +182,7 @@ pub fn run_experiment(
     let mut rows = Vec::new();
     for r in &exp.runs {
         for &p in &exp.policies {
-            let mut cfg = r.cfg.clone();
-            cfg.policy = p;
-            if let Some(s) = seed {
-                cfg.seed = s;
-            }
-            if let Some(d) = duration {
-                cfg.duration_s = d;
-            }
+            let cfg = configured(r, p);
             let wall = std::time::Instant::now();
             let s = run(&cfg).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
             let wall = wall.elapsed().as_secs_f64();

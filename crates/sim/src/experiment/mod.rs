@@ -123,10 +123,26 @@ fn policy_rows(path: &Path, key: &str) -> anyhow::Result<PolicyRows> {
     let allowed = ["model", "name", "description", "policies", key, "run"];
     let (doc, origin) = fanin_report::doc::read_doc(path, &allowed)?;
     let base = base_table(&doc, key, &origin)?;
+    let policies = policies(&doc, &origin)?;
+    let rows = fanin_report::doc::rows_over(&doc, "run", &base, &[], &origin)?;
+    // Each run's directory is `LABEL-POLICY`: no two may meet (`x-weighted` with
+    // round-robin, `x` with weighted-round-robin).
+    let mut dirs = std::collections::BTreeMap::new();
+    for r in &rows {
+        for p in &policies {
+            let dir = format!("{}-{}", fanin_report::sanitize(&r.label), p.name());
+            if let Some(other) = dirs.insert(dir.clone(), (&r.label, p)) {
+                bail!(
+                    "experiment {origin}: run {} with {} and run {} with {p} share the results directory {dir}",
+                    other.0, other.1, r.label
+                );
+            }
+        }
+    }
     Ok(PolicyRows {
         name: name_of(&doc, key),
-        policies: policies(&doc, &origin)?,
-        rows: fanin_report::doc::rows_over(&doc, "run", &base, &[], &origin)?,
+        policies,
+        rows,
         origin,
     })
 }

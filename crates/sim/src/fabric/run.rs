@@ -163,16 +163,20 @@ impl FabricConfig {
         }
         // Each step takes time (a step that rounds to 0 ns never ends) and a run has at
         // most a million of them.
-        for (name, step) in [
-            ("sample_s", self.sample_s),
-            ("hedera_interval_s", self.hedera_interval_s),
-        ] {
+        let hedera = self
+            .hedera
+            .map(|_| ("hedera_interval_s", self.hedera_interval_s));
+        for (name, step) in std::iter::once(("sample_s", self.sample_s)).chain(hedera) {
             if step < 1e-6 || self.duration_s() / step > 1e6 {
                 return Err(format!(
                     "{name} = {step}: at least 1 µs and at most a million steps in the run"
                 )
                 .into());
             }
+        }
+        // The seeds of its repetitions, written to TOML (signed 64-bit), follow it.
+        if self.seed > 1 << 62 {
+            return Err(format!("seed = {}: at most 2^62", self.seed).into());
         }
         let p: Pattern = self.pattern.parse()?;
         if let Pattern::Stride(i) = p {
@@ -242,6 +246,27 @@ fn secs(v: f64) -> Time {
     (v * SEC as f64).round() as Time
 }
 
+/// Each of `n` hosts' destination: a stride, or a random permutation without fixed
+/// points.
+fn destinations(pattern: Pattern, n: u32, rng: &mut rand_pcg::Pcg64Mcg) -> Vec<u32> {
+    match pattern {
+        // In u64: a stride near u32::MAX must not wrap (it stays a bijection).
+        Pattern::Stride(i) => (0..n)
+            .map(|x| ((x as u64 + i as u64) % n as u64) as u32)
+            .collect(),
+        Pattern::Random => loop {
+            let mut p: Vec<u32> = (0..n).collect();
+            for i in (1..n as usize).rev() {
+                let j = rng.gen_range(0..=i);
+                p.swap(i, j);
+            }
+            if n < 2 || p.iter().enumerate().all(|(i, &d)| i as u32 != d) {
+                break p;
+            }
+        },
+    }
+}
+
 /// Runs one fat-tree scenario.
 pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
     let pattern = cfg.check()?;
@@ -259,22 +284,7 @@ pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
     let mut rng_pattern = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x243f_6a88_85a3_08d3);
     let mut rng_rate = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x1319_8a2e_0370_7344);
     let salt = mix(cfg.seed ^ 0xa409_3822_299f_31d0);
-    let dsts: Vec<u32> = match pattern {
-        // In u64: a stride near u32::MAX must not wrap (it stays a bijection).
-        Pattern::Stride(i) => (0..n)
-            .map(|x| ((x as u64 + i as u64) % n as u64) as u32)
-            .collect(),
-        Pattern::Random => loop {
-            let mut p: Vec<u32> = (0..n).collect();
-            for i in (1..n as usize).rev() {
-                let j = rng_pattern.gen_range(0..=i);
-                p.swap(i, j);
-            }
-            if n < 2 || p.iter().enumerate().all(|(i, &d)| i as u32 != d) {
-                break p;
-            }
-        },
-    };
+    let dsts = destinations(pattern, n, &mut rng_pattern);
     let mut hosts: Vec<Host> = dsts
         .iter()
         .enumerate()

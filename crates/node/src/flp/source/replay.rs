@@ -207,35 +207,23 @@ fn open_file(path: &Path, me: u32) -> Result<Head, String> {
 /// memory in proportion to its gaps, not to its length.
 #[derive(Default)]
 struct IdRanges {
-    /// First id of each range -> one past its last.
+    /// First id of each range -> its last id (inclusive: `u64::MAX` fits).
     ranges: BTreeMap<u64, u64>,
 }
 
 impl IdRanges {
     /// Adds `id`; false when it was in already.
     fn insert(&mut self, id: u64) -> bool {
-        let before = self.ranges.range(..=id).next_back().map(|(s, e)| (*s, *e));
-        if before.is_some_and(|(_, end)| id < end) {
+        let before = self.ranges.range(..=id).next_back().map(|(s, l)| (*s, *l));
+        if before.is_some_and(|(_, last)| id <= last) {
             return false;
         }
-        let after = id.checked_add(1).and_then(|n| self.ranges.get(&n).copied());
         let start = match before {
-            Some((s, end)) if end == id => s, // extends the range before it
+            Some((s, last)) if last + 1 == id => s, // extends the range before it
             _ => id,
         };
-        let end = match after {
-            Some(e) => {
-                self.ranges.remove(&(id + 1)); // joins the range after it
-                e
-            }
-            None => id.saturating_add(1),
-        };
-        self.ranges.insert(start, end);
-        debug_assert!(self
-            .ranges
-            .range(..start)
-            .next_back()
-            .is_none_or(|(_, e)| *e < start));
+        let after = id.checked_add(1).and_then(|n| self.ranges.remove(&n));
+        self.ranges.insert(start, after.unwrap_or(id)); // joins the range after it
         true
     }
 }
@@ -259,7 +247,10 @@ mod tests {
         assert!(s.insert(10));
         assert_eq!(s.ranges.len(), 2, "{:?}", s.ranges);
         assert!((0..100_000).filter(|i| s.insert(i + 21)).count() == 100_000);
-        assert_eq!(s.ranges.len(), 2, "0..12 and 20..100021: {:?}", s.ranges);
+        assert_eq!(s.ranges.len(), 2, "0..=11 and 20..=100020: {:?}", s.ranges);
+        assert!(s.insert(u64::MAX) && !s.insert(u64::MAX));
+        assert!(s.insert(u64::MAX - 1) && !s.insert(u64::MAX - 1));
+        assert_eq!(s.ranges.len(), 3, "{:?}", s.ranges);
     }
 
     use super::*;
