@@ -216,9 +216,9 @@ struct EpnArgs {
     /// only for commands that read(2) their stdin, not ones that splice it onward.
     #[arg(long)]
     exec_zero_copy: bool,
-    /// After a run stops, how long the sinks may take to return every TF; then the EPN
+    /// After a run stops, how long the sinks may go without returning a TF; then the EPN
     /// leaves them and ends with an error (a plug-in that never returns holds nothing).
-    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = epn::SINK_STOP_TIMEOUT_S)]
     sink_stop_timeout: f64,
 }
 

@@ -309,7 +309,7 @@ fn a_plugin_refusal_ends_its_tfs_as_sink_refused() {
 }
 
 /// A plug-in that takes 20 TFs, then never returns from the next ("stuck"), or takes
-/// 150 ms for each TF from the 20th on ("slow").
+/// 150 ms for each TF from TF 20 on ("slow").
 const SLOW_PLUGIN: &str = r#"
 #include <string.h>
 #include <unistd.h>

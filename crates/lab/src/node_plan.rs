@@ -46,7 +46,7 @@ pub struct EpnSetup {
     /// Exec sinks lend payload pages (vmsplice); only for commands that read(2).
     #[serde(default)]
     pub exec_zero_copy: bool,
-    /// After a run stops, how long the sinks may take to return every TF (seconds).
+    /// After a run stops, how long the sinks may go without returning a TF (seconds).
     pub sink_stop_timeout_s: Option<f64>,
 }
 
@@ -115,9 +115,13 @@ impl NodePlan {
     }
 
     /// How long the launcher waits for an EPN to exit after its run: longer than its
-    /// sinks may take to return every TF.
+    /// sinks' stop watchdog (sinks still making progress then may be cut off).
     pub fn epn_exit_wait(&self) -> std::time::Duration {
-        let sinks = self.setup.sink_stop_timeout_s.unwrap_or(0.0) + 5.0;
+        let stop = self.setup.sink_stop_timeout_s;
+        let sinks = match self.sinks.is_empty() {
+            true => 0.0, // no sink to wait for
+            false => stop.unwrap_or(fanin_node::epn::SINK_STOP_TIMEOUT_S) + 5.0,
+        };
         std::time::Duration::from_secs_f64(sinks.max(15.0))
     }
 

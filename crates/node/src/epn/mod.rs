@@ -62,7 +62,7 @@ pub struct EpnOptions {
     pub on_sink_failure: OnFailure,
     /// Exec sinks lend payload pages to the pipe (only for commands that read(2)).
     pub exec_zero_copy: bool,
-    /// After a RunStop, how long the sinks may take to return every TF (a plug-in that
+    /// After a RunStop, how long the sinks may go without returning a TF (a plug-in that
     /// never returns would hold the EPN): then the EPN leaves them and ends with an error.
     pub sink_stop_wait: Duration,
     /// Long-lived (run control): join run after run until the session's EXIT.
@@ -70,6 +70,9 @@ pub struct EpnOptions {
     /// Started again into a run that is going (`--rejoin`): none going, it ends at once.
     pub rejoin: bool,
 }
+
+/// `--sink-stop-timeout`'s default, seconds (`EpnOptions::sink_stop_wait`).
+pub const SINK_STOP_TIMEOUT_S: f64 = 60.0;
 
 /// Runs the EPN; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id with a fresh build state.
@@ -147,12 +150,17 @@ async fn until_built(
     (progress, wait): (&std::sync::atomic::AtomicU64, Duration),
 ) -> anyhow::Result<anyhow::Result<()>> {
     use std::sync::atomic::Ordering::Relaxed;
-    let mut seen = progress.load(Relaxed);
+    // Looked at ten times per `wait`: the sinks are left `wait` (+10 %) after their last
+    // progress, not up to twice that.
+    let (mut seen, mut since) = (progress.load(Relaxed), tokio::time::Instant::now());
     loop {
-        match tokio::time::timeout(wait, &mut build.0).await {
+        match tokio::time::timeout(wait / 10, &mut build.0).await {
             Ok(Ok(r)) => return Ok(r),
             Ok(Err(e)) => return Ok(Err(anyhow::anyhow!("the build task failed: {e}"))),
-            Err(_) if progress.load(Relaxed) != seen => seen = progress.load(Relaxed),
+            Err(_) if progress.load(Relaxed) != seen => {
+                (seen, since) = (progress.load(Relaxed), tokio::time::Instant::now());
+            }
+            Err(_) if since.elapsed() < wait => {}
             Err(_) => anyhow::bail!(
                 "its sinks returned no TF for {:.1} s after the run's stop and have not finished (--sink-stop-timeout); leaving them",
                 wait.as_secs_f64()
