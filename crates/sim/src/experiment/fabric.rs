@@ -379,7 +379,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
             let mut cfg = build_config(&label, &t, &origin)?;
             cfg.policy = p;
             let s = build(&cfg).map_err(|e| anyhow::anyhow!("run {label}: {e}"))?;
-            let dir = root.join(format!("{}-{}", fanin_report::sanitize(&label), p.name()));
+            let dir = root.join(super::policy_dir(&label, p));
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("config.toml"), toml::to_string(&cfg)?)?;
             std::fs::write(

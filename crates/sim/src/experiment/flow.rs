@@ -150,11 +150,12 @@ fn configured(
 /// cannot.
 fn check_all(
     exp: &AliceExperiment,
-    configured: impl Fn(&AliceRun, PolicyKind) -> AliceConfig,
+    seed: Option<u64>,
+    duration: Option<f64>,
 ) -> anyhow::Result<()> {
     for r in &exp.runs {
         for &p in &exp.policies {
-            let checked = configured(r, p).check();
+            let checked = configured(r, p, seed, duration).check();
             checked.map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
         }
     }
@@ -169,8 +170,7 @@ pub fn run_experiment(
     duration: Option<f64>,
 ) -> anyhow::Result<()> {
     super::keep_only(&mut exp.runs, only, |r| &r.label)?;
-    let configured = |r: &AliceRun, p| configured(r, p, seed, duration);
-    check_all(&exp, configured)?;
+    check_all(&exp, seed, duration)?;
     let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?} on the flow model, {} run(s) x {} policies; results in {}",
@@ -182,11 +182,11 @@ pub fn run_experiment(
     let mut rows = Vec::new();
     for r in &exp.runs {
         for &p in &exp.policies {
-            let cfg = configured(r, p);
+            let cfg = configured(r, p, seed, duration);
             let wall = std::time::Instant::now();
             let s = run(&cfg).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
             let wall = wall.elapsed().as_secs_f64();
-            let dir = root.join(format!("{}-{}", fanin_report::sanitize(&r.label), p.name()));
+            let dir = root.join(super::policy_dir(&r.label, p));
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("config.toml"), toml::to_string(&cfg)?)?;
             std::fs::write(

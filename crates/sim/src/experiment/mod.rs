@@ -130,7 +130,7 @@ fn policy_rows(path: &Path, key: &str) -> anyhow::Result<PolicyRows> {
     let mut dirs = std::collections::BTreeMap::new();
     for r in &rows {
         for p in &policies {
-            let dir = format!("{}-{}", fanin_report::sanitize(&r.label), p.name());
+            let dir = policy_dir(&r.label, *p);
             if let Some(other) = dirs.insert(dir.clone(), (&r.label, p)) {
                 bail!(
                     "experiment {origin}: run {} with {} and run {} with {p} share the results directory {dir}",
@@ -145,6 +145,11 @@ fn policy_rows(path: &Path, key: &str) -> anyhow::Result<PolicyRows> {
         rows,
         origin,
     })
+}
+
+/// The directory name of row `label` run with policy `p` (flow and build files).
+pub(super) fn policy_dir(label: &str, p: fanin_sched::PolicyKind) -> String {
+    format!("{}-{}", fanin_report::sanitize(label), p.name())
 }
 
 /// Keeps the rows whose label is in `only` (all when empty); none left is an error.
