@@ -10,6 +10,7 @@ mod libs;
 mod net;
 pub mod peer;
 mod report;
+mod thread_cpu;
 
 use std::path::PathBuf;
 

@@ -5,6 +5,7 @@
 //! sends every block, then waits for a line on stdin (the receiver has them all) before
 //! it reports, so a library that sends from its own threads is charged for all of it.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Instant;
@@ -12,6 +13,8 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
+
+use super::thread_cpu;
 
 /// The transports measured; `iperf3` runs as its own program, not as a peer.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,20 +94,30 @@ pub struct PeerReport {
     pub cpu_s: f64,
 }
 
-/// Marks the start of a measured span: wall clock and the process's CPU.
-pub struct Span(Instant, u64);
+/// Marks the start of a measured span: wall clock and the CPU clock of every thread
+/// (getrusage too, for a span in which a thread exits).
+pub struct Span {
+    wall: Instant,
+    threads: BTreeMap<i32, u64>,
+    process_us: u64,
+}
 
 impl Span {
     pub fn start() -> Span {
-        Span(Instant::now(), fanin_node::host::process_cpu_us())
+        Span {
+            process_us: fanin_node::host::process_cpu_us(),
+            threads: thread_cpu::threads(),
+            wall: Instant::now(),
+        }
     }
 
     pub fn report(&self, bytes: u64) -> PeerReport {
-        PeerReport {
-            bytes,
-            secs: self.0.elapsed().as_secs_f64(),
-            cpu_s: fanin_node::host::process_cpu_us().saturating_sub(self.1) as f64 / 1e6,
-        }
+        let secs = self.wall.elapsed().as_secs_f64();
+        let cpu_s = match thread_cpu::used_between(&self.threads, &thread_cpu::threads()) {
+            Some(ns) => ns as f64 / 1e9,
+            None => fanin_node::host::process_cpu_us().saturating_sub(self.process_us) as f64 / 1e6,
+        };
+        PeerReport { bytes, secs, cpu_s }
     }
 }
 

@@ -338,6 +338,9 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
             }
         };
         send(ctx, ev).await;
+        // Let the builder take this STF before the next is read: on one thread it would
+        // otherwise run only once the socket is drained, holding every STF read meanwhile.
+        tokio::task::yield_now().await;
     }
     Ok(())
 }
