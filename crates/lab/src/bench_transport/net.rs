@@ -155,8 +155,7 @@ fn port(p: &Place) -> anyhow::Result<u16> {
     if p.recv_ns.is_some() {
         return Ok(21000 + NEXT_PORT.fetch_add(1, Ordering::Relaxed) % 20000);
     }
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
+    crate::bench::free_port()
 }
 
 fn command(ns: &Option<String>, program: &std::path::Path) -> Command {

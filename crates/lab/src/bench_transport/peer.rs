@@ -95,7 +95,7 @@ pub struct PeerReport {
 }
 
 /// Marks the start of a measured span: wall clock and the CPU clock of every thread
-/// (getrusage too, for a span in which a thread exits).
+/// (getrusage too, for a span in which a thread exits: the larger of the two is taken).
 pub struct Span {
     wall: Instant,
     threads: BTreeMap<i32, u64>,
@@ -113,10 +113,12 @@ impl Span {
 
     pub fn report(&self, bytes: u64) -> PeerReport {
         let secs = self.wall.elapsed().as_secs_f64();
-        let cpu_s = match thread_cpu::used_between(&self.threads, &thread_cpu::threads()) {
-            Some(ns) => ns as f64 / 1e9,
-            None => fanin_node::host::process_cpu_us().saturating_sub(self.process_us) as f64 / 1e6,
-        };
+        let (ns, whole) = thread_cpu::used_between(&self.threads, &thread_cpu::threads());
+        let mut cpu_s = ns as f64 / 1e9;
+        if !whole {
+            let us = fanin_node::host::process_cpu_us().saturating_sub(self.process_us);
+            cpu_s = cpu_s.max(us as f64 / 1e6);
+        }
         PeerReport { bytes, secs, cpu_s }
     }
 }
