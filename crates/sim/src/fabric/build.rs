@@ -146,32 +146,7 @@ pub fn check(cfg: &BuildConfig) -> Result<(), crate::ConfigError> {
 
 pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, crate::ConfigError> {
     check(cfg)?;
-    let mut net = Fluid::new();
-    let tree = FatTree::build(
-        &mut net,
-        cfg.k,
-        cfg.hosts_per_edge,
-        cfg.switch_mbps * 1e6,
-        cfg.host_mbps * 1e6,
-    );
-    let every = cfg.flp_every;
-    let flps: Vec<u32> = (0..tree.hosts).filter(|h| h % every == 0).collect();
-    let epns: Vec<u32> = (0..tree.hosts).filter(|h| h % every != 0).collect();
-    let policy = PolicyConfig {
-        kind: cfg.policy,
-        epn_weights: cfg.epn_weights.clone(),
-        least_loaded: cfg.least_loaded,
-    };
-    let mut placer = Placer::new(policy.build());
-    for e in 0..epns.len() as u32 {
-        placer.policy_mut().add_epn(e);
-    }
-    let stf_bits = cfg.load * cfg.host_mbps * 1e6 / cfg.tf_rate_hz;
-    let salt = mix(cfg.seed ^ 0xa409_3822_299f_31d0);
-    let caps: Vec<f64> = net.links.iter().map(|l| l.cap).collect();
-    let mut ctl = cfg
-        .hedera
-        .map(|p| Controller::new(p, &tree, caps.len(), cfg.seed ^ 0x082e_fa98_ec4e_6c89));
+    let mut sim = BuildSim::new(cfg);
     let mut q: Queue<Ev> = Queue::new();
     let n_tfs = (cfg.duration_s * cfg.tf_rate_hz).round() as u64;
     let stop = (cfg.duration_s * SEC as f64).round() as Time;
@@ -181,174 +156,278 @@ pub fn run(cfg: &BuildConfig) -> Result<BuildSummary, crate::ConfigError> {
         q.at(0, Ev::Issue(0));
     }
     q.at(stop, Ev::Mark);
-    if ctl.is_some() {
+    if sim.ctl.is_some() {
         q.at(interval, Ev::Hedera);
     }
-    let mut stfs: Vec<Stf> = Vec::new();
-    let mut flow_stf: Vec<u32> = Vec::new();
-    let mut stf_flow: Vec<Option<FlowId>> = Vec::new();
-    let mut left: Vec<u32> = Vec::new();
-    let mut issued_at: Vec<Time> = Vec::new();
-    let mut latencies = Vec::new();
-    let (mut dropped, mut moves) = (0u64, 0u64);
     let mut finish_at: Option<Time> = None;
-    let mut poller = crate::flow::LinkPoller::new(caps.len());
-    let (up, down) = (tree.core_up.clone(), tree.core_down.clone());
-    let mut at_stop: Option<(Vec<f64>, Vec<f64>)> = None;
     while let Some((t, ev)) = q.pop() {
         if t > end {
             break;
         }
-        net.advance(t);
+        sim.net.advance(t);
         match ev {
             Ev::Issue(n) => {
                 if n + 1 < n_tfs {
-                    q.at(
-                        ((n + 1) as f64 / cfg.tf_rate_hz * SEC as f64).round() as Time,
-                        Ev::Issue(n + 1),
-                    );
+                    let next = (n + 1) as f64 / cfg.tf_rate_hz * SEC as f64;
+                    q.at(next.round() as Time, Ev::Issue(n + 1));
                 }
-                issued_at.push(t);
-                left.push(0);
-                let bytes = (stf_bits / 8.0 * flps.len() as f64) as u64;
-                match placer.issue(n, bytes) {
-                    Placed::Assigned(e) => {
-                        let dst = epns[e as usize];
-                        for &src in &flps {
-                            let np = tree.n_paths(src, dst);
-                            let path = match cfg.routing {
-                                Routing::SinglePath => 0,
-                                Routing::Ecmp => ecmp_index(src, dst, n as u16, 5555, salt, np),
-                            };
-                            let id =
-                                net.start(&tree.path(src, dst, path), f64::INFINITY, stf_bits, n);
-                            let s = stfs.len() as u32;
-                            stfs.push(Stf {
-                                tf: n,
-                                src,
-                                dst,
-                                path,
-                                placed: false,
-                                polled: 0.0,
-                            });
-                            stf_flow.push(Some(id));
-                            if flow_stf.len() <= id as usize {
-                                flow_stf.resize(id as usize + 1, 0);
-                            }
-                            flow_stf[id as usize] = s;
-                            left[n as usize] += 1;
-                        }
-                    }
-                    // EPNs report no load here, so no policy makes a TF wait; if one
-                    // did, the TF is dropped and leaves the queue.
-                    Placed::Waiting => {
-                        placer.drain_waiting();
-                        dropped += 1;
-                    }
-                    Placed::Dropped(_) => dropped += 1,
-                }
+                sim.issue(n, t);
             }
             Ev::Finish => {
                 if finish_at == Some(t) {
                     finish_at = None;
                 }
-                for id in net.finished() {
-                    let s = flow_stf[id as usize];
-                    net.stop(id);
-                    stf_flow[s as usize] = None;
-                    if let Some(c) = ctl.as_mut() {
-                        c.release(s as u64);
-                    }
-                    let n = stfs[s as usize].tf as usize;
-                    left[n] -= 1;
-                    if left[n] == 0 {
-                        latencies.push((t - issued_at[n]) as f64 / SEC as f64);
-                    }
-                }
+                sim.finish(t);
             }
             Ev::Hedera => {
-                net.solve();
-                let dt = poller.interval_s(t);
-                let loads = poller.poll(&net, t);
-                let active: Vec<u32> = (0..stfs.len() as u32)
-                    .filter(|&s| stf_flow[s as usize].is_some())
-                    .collect();
-                let seen: Vec<Seen> = active
-                    .iter()
-                    .map(|&s| {
-                        let st = &mut stfs[s as usize];
-                        let sent = net.flow(stf_flow[s as usize].expect("active")).sent;
-                        let rate = (sent - st.polled).max(0.0) / dt;
-                        st.polled = sent;
-                        Seen {
-                            src: st.src,
-                            dst: st.dst,
-                            rate,
-                            cap: f64::INFINITY,
-                            path: st.path,
-                            placed: st.placed,
-                            key: s as u64,
-                        }
-                    })
-                    .collect();
-                let c = ctl.as_mut().expect("controller");
-                for (i, p) in c.round(&tree, &caps, &loads, &seen) {
-                    let s = active[i] as usize;
-                    stfs[s].placed = true;
-                    if stfs[s].path != p {
-                        stfs[s].path = p;
-                        moves += 1;
-                        let st = &stfs[s];
-                        net.reroute(stf_flow[s].expect("active"), &tree.path(st.src, st.dst, p));
-                    }
-                }
+                sim.hedera(t);
                 if t + interval <= end {
                     q.at(t + interval, Ev::Hedera);
                 }
             }
-            Ev::Mark => {
-                let carried =
-                    |v: &[u32]| v.iter().map(|&l| net.links[l as usize].carried).collect();
-                at_stop = Some((carried(&up), carried(&down)));
-            }
+            Ev::Mark => sim.mark(),
         }
-        net.solve();
-        if let Some(f) = net.next_finish() {
+        sim.net.solve();
+        if let Some(f) = sim.net.next_finish() {
             if finish_at.is_none_or(|x| f < x) {
                 finish_at = Some(f);
                 q.at(f, Ev::Finish);
             }
         }
     }
-    let (cu, cd) = at_stop.unwrap_or_default();
-    let secs = stop as f64 / SEC as f64;
-    let level = |c: &[f64]| {
-        let mean = c.iter().sum::<f64>() / c.len().max(1) as f64;
-        if mean > 0.0 {
-            c.iter().copied().fold(0.0, f64::max) / mean
-        } else {
-            f64::NAN
+    Ok(sim.summary(stop))
+}
+
+/// One build run's state: the network, the placement, every STF's flow and what the
+/// summary counts.
+struct BuildSim<'a> {
+    cfg: &'a BuildConfig,
+    net: Fluid,
+    tree: FatTree,
+    flps: Vec<u32>,
+    epns: Vec<u32>,
+    placer: Placer,
+    stf_bits: f64,
+    salt: u64,
+    caps: Vec<f64>,
+    ctl: Option<Controller>,
+    poller: crate::flow::LinkPoller,
+    stfs: Vec<Stf>,
+    /// Flow id -> STF index, and STF index -> its flow while under way.
+    flow_stf: Vec<u32>,
+    stf_flow: Vec<Option<FlowId>>,
+    /// STFs of each TF still under way, and when each TF was issued.
+    left: Vec<u32>,
+    issued_at: Vec<Time>,
+    latencies: Vec<f64>,
+    dropped: u64,
+    moves: u64,
+    /// Core links' carried bits (up, down) when issuing stopped.
+    at_stop: Option<(Vec<f64>, Vec<f64>)>,
+}
+
+impl<'a> BuildSim<'a> {
+    fn new(cfg: &'a BuildConfig) -> Self {
+        let mut net = Fluid::new();
+        let tree = FatTree::build(
+            &mut net,
+            cfg.k,
+            cfg.hosts_per_edge,
+            cfg.switch_mbps * 1e6,
+            cfg.host_mbps * 1e6,
+        );
+        let every = cfg.flp_every;
+        let flps: Vec<u32> = (0..tree.hosts).filter(|h| h % every == 0).collect();
+        let epns: Vec<u32> = (0..tree.hosts).filter(|h| h % every != 0).collect();
+        let policy = PolicyConfig {
+            kind: cfg.policy,
+            epn_weights: cfg.epn_weights.clone(),
+            least_loaded: cfg.least_loaded,
+        };
+        let mut placer = Placer::new(policy.build());
+        for e in 0..epns.len() as u32 {
+            placer.policy_mut().add_epn(e);
         }
-    };
-    let bisection = cu.iter().sum::<f64>() / (up.len() as f64 * tree.switch_bps * secs);
-    // Each count from its own source, so the check below can fail: a TF completes when
-    // its last STF arrives, is incomplete while some STF is still under way at the end.
-    let issued = issued_at.len() as u64;
-    let completed = latencies.len() as u64;
-    let incomplete = left.iter().filter(|&&n| n > 0).count() as u64;
-    latencies.sort_by(f64::total_cmp);
-    let pct = |p: f64| fanin_report::percentile(&latencies, p).unwrap_or(0.0);
-    Ok(BuildSummary {
-        issued,
-        completed,
-        incomplete,
-        dropped,
-        invariant_ok: issued == completed + incomplete + dropped,
-        latency_p50_s: pct(0.5),
-        latency_p99_s: pct(0.99),
-        level_rx: level(&cu),
-        level_tx: level(&cd),
-        bisection,
-        moves,
-    })
+        let caps: Vec<f64> = net.links.iter().map(|l| l.cap).collect();
+        let ctl = cfg
+            .hedera
+            .map(|p| Controller::new(p, &tree, caps.len(), cfg.seed ^ 0x082e_fa98_ec4e_6c89));
+        BuildSim {
+            cfg,
+            stf_bits: cfg.load * cfg.host_mbps * 1e6 / cfg.tf_rate_hz,
+            salt: mix(cfg.seed ^ 0xa409_3822_299f_31d0),
+            poller: crate::flow::LinkPoller::new(caps.len()),
+            net,
+            tree,
+            flps,
+            epns,
+            placer,
+            caps,
+            ctl,
+            stfs: Vec::new(),
+            flow_stf: Vec::new(),
+            stf_flow: Vec::new(),
+            left: Vec::new(),
+            issued_at: Vec::new(),
+            latencies: Vec::new(),
+            dropped: 0,
+            moves: 0,
+            at_stop: None,
+        }
+    }
+
+    /// TF `n` at `t`: its EPN from the policy, an STF flow from every FLP to it.
+    fn issue(&mut self, n: u64, t: Time) {
+        self.issued_at.push(t);
+        self.left.push(0);
+        let bytes = (self.stf_bits / 8.0 * self.flps.len() as f64) as u64;
+        match self.placer.issue(n, bytes) {
+            Placed::Assigned(e) => {
+                let dst = self.epns[e as usize];
+                for i in 0..self.flps.len() {
+                    self.start_stf(n, self.flps[i], dst);
+                }
+            }
+            // EPNs report no load here, so no policy makes a TF wait; if one did, the TF
+            // is dropped and leaves the queue.
+            Placed::Waiting => {
+                self.placer.drain_waiting();
+                self.dropped += 1;
+            }
+            Placed::Dropped(_) => self.dropped += 1,
+        }
+    }
+
+    /// The STF of TF `n` from `src` to `dst`, on the path the routing picks.
+    fn start_stf(&mut self, n: u64, src: u32, dst: u32) {
+        let np = self.tree.n_paths(src, dst);
+        let path = match self.cfg.routing {
+            Routing::SinglePath => 0,
+            Routing::Ecmp => ecmp_index(src, dst, n as u16, 5555, self.salt, np),
+        };
+        let route = self.tree.path(src, dst, path);
+        let id = self.net.start(&route, f64::INFINITY, self.stf_bits, n);
+        let s = self.stfs.len() as u32;
+        self.stfs.push(Stf {
+            tf: n,
+            src,
+            dst,
+            path,
+            placed: false,
+            polled: 0.0,
+        });
+        self.stf_flow.push(Some(id));
+        if self.flow_stf.len() <= id as usize {
+            self.flow_stf.resize(id as usize + 1, 0);
+        }
+        self.flow_stf[id as usize] = s;
+        self.left[n as usize] += 1;
+    }
+
+    /// The flows that ended at `t`: a TF completes with its last STF.
+    fn finish(&mut self, t: Time) {
+        for id in self.net.finished() {
+            let s = self.flow_stf[id as usize];
+            self.net.stop(id);
+            self.stf_flow[s as usize] = None;
+            if let Some(c) = self.ctl.as_mut() {
+                c.release(s as u64);
+            }
+            let n = self.stfs[s as usize].tf as usize;
+            assert!(self.left[n] > 0, "TF {n}: an STF finished twice");
+            self.left[n] -= 1;
+            if self.left[n] == 0 {
+                self.latencies
+                    .push((t - self.issued_at[n]) as f64 / SEC as f64);
+            }
+        }
+    }
+
+    /// A Hedera round: the controller sees every STF's rate and moves some to new paths.
+    fn hedera(&mut self, t: Time) {
+        self.net.solve();
+        let dt = self.poller.interval_s(t);
+        let loads = self.poller.poll(&self.net, t);
+        let active: Vec<u32> = (0..self.stfs.len() as u32)
+            .filter(|&s| self.stf_flow[s as usize].is_some())
+            .collect();
+        let seen: Vec<Seen> = active.iter().map(|&s| self.seen(s, dt)).collect();
+        let c = self.ctl.as_mut().expect("controller");
+        for (i, p) in c.round(&self.tree, &self.caps, &loads, &seen) {
+            let s = active[i] as usize;
+            self.stfs[s].placed = true;
+            if self.stfs[s].path != p {
+                self.stfs[s].path = p;
+                self.moves += 1;
+                let st = &self.stfs[s];
+                let route = self.tree.path(st.src, st.dst, p);
+                self.net.reroute(self.stf_flow[s].expect("active"), &route);
+            }
+        }
+    }
+
+    /// What the controller sees of active STF `s`: its rate over the last `dt` s.
+    fn seen(&mut self, s: u32, dt: f64) -> Seen {
+        let sent = self
+            .net
+            .flow(self.stf_flow[s as usize].expect("active"))
+            .sent;
+        let st = &mut self.stfs[s as usize];
+        let rate = (sent - st.polled).max(0.0) / dt;
+        st.polled = sent;
+        Seen {
+            src: st.src,
+            dst: st.dst,
+            rate,
+            cap: f64::INFINITY,
+            path: st.path,
+            placed: st.placed,
+            key: s as u64,
+        }
+    }
+
+    /// Issuing stopped: what the core links carried until now.
+    fn mark(&mut self) {
+        let carried = |v: &[u32]| {
+            v.iter()
+                .map(|&l| self.net.links[l as usize].carried)
+                .collect()
+        };
+        self.at_stop = Some((carried(&self.tree.core_up), carried(&self.tree.core_down)));
+    }
+
+    fn summary(mut self, stop: Time) -> BuildSummary {
+        let (cu, cd) = self.at_stop.take().unwrap_or_default();
+        let secs = stop as f64 / SEC as f64;
+        let level = |c: &[f64]| {
+            let mean = c.iter().sum::<f64>() / c.len().max(1) as f64;
+            if mean > 0.0 {
+                c.iter().copied().fold(0.0, f64::max) / mean
+            } else {
+                f64::NAN
+            }
+        };
+        let up = self.tree.core_up.len() as f64;
+        let bisection = cu.iter().sum::<f64>() / (up * self.tree.switch_bps * secs);
+        // Each count from its own source, so the check below can fail: a TF completes
+        // when its last STF arrives, is incomplete while some STF is still under way.
+        let issued = self.issued_at.len() as u64;
+        let completed = self.latencies.len() as u64;
+        let incomplete = self.left.iter().filter(|&&n| n > 0).count() as u64;
+        self.latencies.sort_by(f64::total_cmp);
+        let pct = |p: f64| fanin_report::percentile(&self.latencies, p).unwrap_or(0.0);
+        BuildSummary {
+            issued,
+            completed,
+            incomplete,
+            dropped: self.dropped,
+            invariant_ok: issued == completed + incomplete + self.dropped,
+            latency_p50_s: pct(0.5),
+            latency_p99_s: pct(0.99),
+            level_rx: level(&cu),
+            level_tx: level(&cd),
+            bisection,
+            moves: self.moves,
+        }
+    }
 }

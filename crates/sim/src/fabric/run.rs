@@ -270,38 +270,224 @@ fn destinations(pattern: Pattern, n: u32, rng: &mut rand_pcg::Pcg64Mcg) -> Vec<u
 /// Runs one fat-tree scenario.
 pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
     let pattern = cfg.check()?;
-    let mut net = Fluid::new();
-    let tree = FatTree::build(
-        &mut net,
-        cfg.k,
-        cfg.hosts_per_edge,
-        cfg.switch_mbps * 1e6,
-        cfg.host_mbps * 1e6,
-    );
-    let n = tree.hosts;
+    let mut sim = FabricSim::new(cfg, pattern);
+    let n = sim.tree.hosts;
+    let mut q: Queue<Ev> = Queue::new();
+    let end = secs(cfg.duration_s());
+    for h in 0..n {
+        let start = secs(cfg.idle_s + cfg.start_spread_s * h as f64 / n as f64);
+        q.at(start, Ev::Start(h));
+        q.at(start + secs(cfg.traffic_s), Ev::Stop(h));
+    }
+    let sample = secs(cfg.sample_s);
+    q.at(sample.min(end), Ev::Sample);
+    if sim.ctl.is_some() {
+        q.at(secs(cfg.hedera_interval_s), Ev::Hedera);
+    }
+    while let Some((t, ev)) = q.pop() {
+        if t > end {
+            break;
+        }
+        sim.net.solve();
+        sim.net.advance(t);
+        match ev {
+            Ev::Start(h) => sim.start(h),
+            Ev::Stop(h) => sim.stop(h),
+            Ev::Hedera => {
+                sim.hedera(t);
+                let next = t + secs(cfg.hedera_interval_s);
+                if next <= end {
+                    q.at(next, Ev::Hedera);
+                }
+            }
+            Ev::Sample => {
+                sim.sample(t);
+                if t < end {
+                    q.at((t + sample).min(end), Ev::Sample);
+                }
+            }
+        }
+    }
+    Ok(FabricRun {
+        cfg: cfg.clone(),
+        samples: sim.samples,
+        moves: sim.moves,
+        hedera_rounds: sim.rounds,
+        solves: sim.net.solves,
+        events: q.processed,
+    })
+}
+
+/// One fat-tree scenario's state: the network, every host's flow, the controller and
+/// the samples taken.
+struct FabricSim {
+    net: Fluid,
+    tree: FatTree,
+    hosts: Vec<Host>,
+    ctl: Option<Controller>,
+    caps: Vec<f64>,
+    poller: crate::flow::LinkPoller,
+    /// Core links (aggregation to core, core to aggregation) and what each had carried
+    /// at the previous sample, taken at `last_t`.
+    up: Vec<u32>,
+    down: Vec<u32>,
+    last_up: Vec<f64>,
+    last_down: Vec<f64>,
+    last_t: Time,
+    samples: Vec<Sample>,
+    moves: u64,
+    rounds: u64,
+}
+
+impl FabricSim {
+    fn new(cfg: &FabricConfig, pattern: Pattern) -> Self {
+        let mut net = Fluid::new();
+        let tree = FatTree::build(
+            &mut net,
+            cfg.k,
+            cfg.hosts_per_edge,
+            cfg.switch_mbps * 1e6,
+            cfg.host_mbps * 1e6,
+        );
+        let hosts = hosts(cfg, pattern, &tree);
+        let ctl = cfg.hedera.map(|p| {
+            let mut c =
+                Controller::new(p, &tree, net.links.len(), cfg.seed ^ 0x082e_fa98_ec4e_6c89);
+            c.threshold = cfg.elephant_frac;
+            c.anneal_iterations = cfg.anneal_iterations;
+            c
+        });
+        let (up, down) = tree.core_links();
+        let (up, down) = (up.to_vec(), down.to_vec());
+        let caps: Vec<f64> = net.links.iter().map(|l| l.cap).collect();
+        FabricSim {
+            poller: crate::flow::LinkPoller::new(caps.len()),
+            last_up: vec![0.0; up.len()],
+            last_down: vec![0.0; down.len()],
+            net,
+            tree,
+            hosts,
+            ctl,
+            caps,
+            up,
+            down,
+            last_t: 0,
+            samples: Vec::new(),
+            moves: 0,
+            rounds: 0,
+        }
+    }
+
+    fn start(&mut self, h: u32) {
+        let s = &mut self.hosts[h as usize];
+        let path = self.tree.path(h, s.dst, s.path);
+        s.flow = Some(self.net.start(&path, s.rate_bps, f64::INFINITY, h as u64));
+    }
+
+    fn stop(&mut self, h: u32) {
+        if let Some(id) = self.hosts[h as usize].flow.take() {
+            self.net.stop(id);
+        }
+        if let Some(c) = self.ctl.as_mut() {
+            c.release(h as u64);
+        }
+    }
+
+    /// A Hedera round: the controller sees every active flow's rate and moves some.
+    fn hedera(&mut self, t: Time) {
+        self.net.solve();
+        self.rounds += 1;
+        // Like the thesis's port and flow statistics: rates are byte-counter differences
+        // over the last interval, not instantaneous rates.
+        let dt = self.poller.interval_s(t);
+        let loads = self.poller.poll(&self.net, t);
+        for s in self.hosts.iter_mut() {
+            let sent = s.flow.map_or(0.0, |f| self.net.flow(f).sent);
+            s.last_rate = (sent - s.polled).max(0.0) / dt;
+            s.polled = sent;
+        }
+        let active: Vec<u32> = (0..self.tree.hosts)
+            .filter(|&h| self.hosts[h as usize].flow.is_some())
+            .collect();
+        let seen: Vec<Seen> = active
+            .iter()
+            .map(|&h| {
+                let s = &self.hosts[h as usize];
+                Seen {
+                    src: h,
+                    dst: s.dst,
+                    rate: s.last_rate,
+                    cap: s.rate_bps,
+                    path: s.path,
+                    placed: s.placed,
+                    key: h as u64,
+                }
+            })
+            .collect();
+        let c = self
+            .ctl
+            .as_mut()
+            .expect("hedera rounds only with a controller");
+        for (i, p) in c.round(&self.tree, &self.caps, &loads, &seen) {
+            let h = active[i];
+            let s = &mut self.hosts[h as usize];
+            s.placed = true;
+            if s.path != p {
+                s.path = p;
+                self.moves += 1;
+                let route = self.tree.path(h, s.dst, p);
+                self.net.reroute(s.flow.expect("active"), &route);
+            }
+        }
+    }
+
+    /// The core links' levels and utilisation since the previous sample, and the mean
+    /// rate of the active flows.
+    fn sample(&mut self, t: Time) {
+        self.net.solve();
+        let dt = (t - self.last_t) as f64 / SEC as f64;
+        let (level_rx, bb_rx) = core_metric(&self.net, &self.up, &mut self.last_up, dt);
+        let (level_tx, bb_tx) = core_metric(&self.net, &self.down, &mut self.last_down, dt);
+        let act: Vec<f64> = self
+            .hosts
+            .iter()
+            .filter_map(|s| s.flow.map(|f| self.net.flow(f).rate))
+            .collect();
+        let flow_mbps = if act.is_empty() {
+            0.0
+        } else {
+            act.iter().sum::<f64>() / act.len() as f64 / 1e6
+        };
+        self.samples.push(Sample {
+            t: t as f64 / SEC as f64,
+            level_rx,
+            level_tx,
+            bb_rx,
+            bb_tx,
+            flow_mbps,
+        });
+        self.last_t = t;
+    }
+}
+
+/// Every host's flow as configured: its destination, rate and first path.
+fn hosts(cfg: &FabricConfig, pattern: Pattern, tree: &FatTree) -> Vec<Host> {
     // Separate random streams: the pattern, the rates, the switches' hash seed, and
     // the annealer, so changing one leaves the others' draws unchanged.
     let mut rng_pattern = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x243f_6a88_85a3_08d3);
     let mut rng_rate = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0x1319_8a2e_0370_7344);
     let salt = mix(cfg.seed ^ 0xa409_3822_299f_31d0);
-    let dsts = destinations(pattern, n, &mut rng_pattern);
-    let mut hosts: Vec<Host> = dsts
-        .iter()
+    let dsts = destinations(pattern, tree.hosts, &mut rng_pattern);
+    dsts.iter()
         .enumerate()
         .map(|(src, &dst)| {
             let pps = rng_rate.gen_range(cfg.rate_min_pps..=cfg.rate_max_pps);
             let np = tree.n_paths(src as u32, dst);
             // D-ITG: a fresh source port per sender, destination port 7000.
+            let port = 10_000u16.wrapping_add(src as u16);
             let path = match cfg.routing {
                 Routing::SinglePath => 0,
-                Routing::Ecmp => ecmp_index(
-                    src as u32,
-                    dst,
-                    10_000u16.wrapping_add(src as u16),
-                    7000,
-                    salt,
-                    np,
-                ),
+                Routing::Ecmp => ecmp_index(src as u32, dst, port, 7000, salt, np),
             };
             Host {
                 dst,
@@ -313,160 +499,32 @@ pub fn run(cfg: &FabricConfig) -> Result<FabricRun, crate::ConfigError> {
                 last_rate: 0.0,
             }
         })
+        .collect()
+}
+
+/// Core links' (level, utilisation) over the `dt` s since `last` (their carried bits
+/// then, updated here): level is max / mean load (NaN when they carried nothing).
+fn core_metric(net: &Fluid, links: &[u32], last: &mut [f64], dt: f64) -> (f64, f64) {
+    let loads: Vec<f64> = links
+        .iter()
+        .zip(last.iter_mut())
+        .map(|(&l, prev)| {
+            let c = net.links[l as usize].carried;
+            let v = (c - *prev) / dt;
+            *prev = c;
+            v.max(0.0)
+        })
         .collect();
-    let mut ctl = cfg.hedera.map(|p| {
-        let mut c = Controller::new(p, &tree, net.links.len(), cfg.seed ^ 0x082e_fa98_ec4e_6c89);
-        c.threshold = cfg.elephant_frac;
-        c.anneal_iterations = cfg.anneal_iterations;
-        c
-    });
-    let mut q: Queue<Ev> = Queue::new();
-    let end = secs(cfg.duration_s());
-    for h in 0..n {
-        let start = secs(cfg.idle_s + cfg.start_spread_s * h as f64 / n as f64);
-        q.at(start, Ev::Start(h));
-        q.at(start + secs(cfg.traffic_s), Ev::Stop(h));
-    }
-    let sample = secs(cfg.sample_s);
-    q.at(sample.min(end), Ev::Sample);
-    if ctl.is_some() {
-        q.at(secs(cfg.hedera_interval_s), Ev::Hedera);
-    }
-    let (up, down) = tree.core_links();
-    let (up, down) = (up.to_vec(), down.to_vec());
-    let mut last_up: Vec<f64> = vec![0.0; up.len()];
-    let mut last_down: Vec<f64> = vec![0.0; down.len()];
-    let mut last_t = 0;
-    let mut samples = Vec::new();
-    let (mut moves, mut rounds) = (0u64, 0u64);
-    let caps: Vec<f64> = net.links.iter().map(|l| l.cap).collect();
-    let mut poller = crate::flow::LinkPoller::new(caps.len());
-    while let Some((t, ev)) = q.pop() {
-        if t > end {
-            break;
-        }
-        net.solve();
-        net.advance(t);
-        match ev {
-            Ev::Start(h) => {
-                let s = &mut hosts[h as usize];
-                let path = tree.path(h, s.dst, s.path);
-                s.flow = Some(net.start(&path, s.rate_bps, f64::INFINITY, h as u64));
-            }
-            Ev::Stop(h) => {
-                let s = &mut hosts[h as usize];
-                if let Some(id) = s.flow.take() {
-                    net.stop(id);
-                }
-                if let Some(c) = ctl.as_mut() {
-                    c.release(h as u64);
-                }
-            }
-            Ev::Hedera => {
-                net.solve();
-                rounds += 1;
-                // Like the thesis's port and flow statistics: rates are byte-counter
-                // differences over the last interval, not instantaneous rates.
-                let dt = poller.interval_s(t);
-                let loads = poller.poll(&net, t);
-                for s in hosts.iter_mut() {
-                    let sent = s.flow.map_or(0.0, |f| net.flow(f).sent);
-                    s.last_rate = (sent - s.polled).max(0.0) / dt;
-                    s.polled = sent;
-                }
-                let active: Vec<u32> = (0..n)
-                    .filter(|&h| hosts[h as usize].flow.is_some())
-                    .collect();
-                let seen: Vec<Seen> = active
-                    .iter()
-                    .map(|&h| {
-                        let s = &hosts[h as usize];
-                        Seen {
-                            src: h,
-                            dst: s.dst,
-                            rate: s.last_rate,
-                            cap: s.rate_bps,
-                            path: s.path,
-                            placed: s.placed,
-                            key: h as u64,
-                        }
-                    })
-                    .collect();
-                let c = ctl.as_mut().expect("hedera rounds only with a controller");
-                for (i, p) in c.round(&tree, &caps, &loads, &seen) {
-                    let h = active[i];
-                    let s = &mut hosts[h as usize];
-                    s.placed = true;
-                    if s.path != p {
-                        s.path = p;
-                        moves += 1;
-                        net.reroute(s.flow.expect("active"), &tree.path(h, s.dst, p));
-                    }
-                }
-                let next = t + secs(cfg.hedera_interval_s);
-                if next <= end {
-                    q.at(next, Ev::Hedera);
-                }
-            }
-            Ev::Sample => {
-                net.solve();
-                let dt = (t - last_t) as f64 / SEC as f64;
-                let metric = |links: &[u32], last: &mut [f64]| {
-                    let loads: Vec<f64> = links
-                        .iter()
-                        .zip(last.iter_mut())
-                        .map(|(&l, prev)| {
-                            let c = net.links[l as usize].carried;
-                            let v = (c - *prev) / dt;
-                            *prev = c;
-                            v.max(0.0)
-                        })
-                        .collect();
-                    let mean = loads.iter().sum::<f64>() / loads.len() as f64;
-                    let max = loads.iter().copied().fold(0.0, f64::max);
-                    let level = if mean > 1e-9 { max / mean } else { f64::NAN };
-                    let bb = loads
-                        .iter()
-                        .zip(links)
-                        .map(|(v, &l)| v / net.links[l as usize].cap)
-                        .sum::<f64>()
-                        / loads.len() as f64;
-                    (level, bb)
-                };
-                let (level_rx, bb_rx) = metric(&up, &mut last_up);
-                let (level_tx, bb_tx) = metric(&down, &mut last_down);
-                let act: Vec<f64> = hosts
-                    .iter()
-                    .filter_map(|s| s.flow.map(|f| net.flow(f).rate))
-                    .collect();
-                let flow_mbps = if act.is_empty() {
-                    0.0
-                } else {
-                    act.iter().sum::<f64>() / act.len() as f64 / 1e6
-                };
-                samples.push(Sample {
-                    t: t as f64 / SEC as f64,
-                    level_rx,
-                    level_tx,
-                    bb_rx,
-                    bb_tx,
-                    flow_mbps,
-                });
-                last_t = t;
-                if t < end {
-                    q.at((t + sample).min(end), Ev::Sample);
-                }
-            }
-        }
-    }
-    Ok(FabricRun {
-        cfg: cfg.clone(),
-        samples,
-        moves,
-        hedera_rounds: rounds,
-        solves: net.solves,
-        events: q.processed,
-    })
+    let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+    let max = loads.iter().copied().fold(0.0, f64::max);
+    let level = if mean > 1e-9 { max / mean } else { f64::NAN };
+    let bb = loads
+        .iter()
+        .zip(links)
+        .map(|(v, &l)| v / net.links[l as usize].cap)
+        .sum::<f64>()
+        / loads.len() as f64;
+    (level, bb)
 }
 
 impl FabricRun {
