@@ -126,8 +126,28 @@ fn num(v: f64) -> String {
     }
 }
 
+/// The optional columns a table has: those some row fills.
+struct Columns {
+    published_loss: bool,
+    mb_s: bool,
+    faults: bool,
+    /// The policy when it varies between rows (a sweep over policies).
+    policy: bool,
+}
+
 pub fn render(rows: &[RunRow]) -> String {
-    let with_pub = rows.iter().any(|r| r.published_loss_pct.is_some());
+    let cols = Columns {
+        published_loss: rows.iter().any(|r| r.published_loss_pct.is_some()),
+        mb_s: rows.iter().any(|r| r.published_mb_s.is_some()),
+        faults: rows.iter().any(|r| r.faults.is_some()),
+        policy: rows.iter().any(|r| r.policy != rows[0].policy),
+    };
+    let mut cells: Vec<Vec<String>> = vec![head(&cols)];
+    cells.extend(rows.iter().map(|r| row(r, &cols)));
+    fanin_report::align(&cells)
+}
+
+fn head(cols: &Columns) -> Vec<String> {
     let mut head = vec![
         "#",
         "FLPs",
@@ -148,81 +168,72 @@ pub fn render(rows: &[RunRow]) -> String {
         "valid",
         "invariant",
     ];
-    let with_mb = rows.iter().any(|r| r.published_mb_s.is_some());
-    if with_mb {
+    if cols.mb_s {
         head.extend(["MB/s", "published MB/s"]);
     }
-    let with_faults = rows.iter().any(|r| r.faults.is_some());
-    if with_faults {
+    if cols.faults {
         head.extend(["detect ms", "rejoin ms", "re-assigned", "dropped at loss"]);
     }
-    if with_pub {
+    if cols.published_loss {
         head.push("published loss %");
     }
-    // The policy when it varies between rows (a sweep over policies).
-    let with_policy = rows.iter().any(|r| r.policy != rows[0].policy);
-    if with_policy {
+    if cols.policy {
         head.insert(5, "policy");
     }
-    let mut cells: Vec<Vec<String>> = vec![head.iter().map(|s| s.to_string()).collect()];
-    for r in rows {
-        let mut c = vec![
-            r.label.clone(),
-            r.flps.to_string(),
-            r.epns.to_string(),
-            r.stf_size.clone(),
-            num(r.rate_hz),
-            num(r.issued),
-            num(r.completed),
-            num(r.lost),
-            format!("{:.2}", r.loss_pct),
-            num(r.incomplete),
-            num(r.dropped),
-            num(r.split),
-            format!("{:.3}", r.goodput_gbps),
-            format!("{:.2}", r.p50),
-            format!("{:.2}", r.p99),
-            format!("{:.2}", r.max),
-            format!("{}/{}", r.valid, r.runs),
-            if r.invariant_ok { "ok" } else { "VIOLATED" }.to_string(),
-        ];
-        if with_policy {
-            c.insert(5, r.policy.clone());
-        }
-        if with_mb {
-            c.push(format!("{:.2}", r.goodput_gbps * 1e3 / 8.0));
-            c.push(
-                r.published_mb_s
-                    .map(|p| format!("{p:.2}"))
-                    .unwrap_or_else(|| "-".into()),
-            );
-        }
-        if with_faults {
-            let ms = |v: Option<f64>| v.map(|x| format!("{x:.0}")).unwrap_or("-".into());
-            match &r.faults {
-                Some(f) => c.extend([
-                    f.detect_ms
-                        .iter()
-                        .map(|(k, v)| format!("{k} {v:.0}"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    ms(f.rejoin_ms),
-                    num(f.reassigned),
-                    num(f.dropped_at_loss),
-                ]),
-                None => c.extend(["-".into(), "-".into(), "-".into(), "-".into()]),
-            }
-        }
-        if with_pub {
-            c.push(
-                r.published_loss_pct
-                    .map(|p| format!("{p:.2}"))
-                    .unwrap_or_else(|| "-".into()),
-            );
-        }
-        cells.push(c);
+    head.iter().map(|s| s.to_string()).collect()
+}
+
+fn row(r: &RunRow, cols: &Columns) -> Vec<String> {
+    let or_dash = |v: Option<f64>, digits: usize| {
+        v.map(|x| format!("{x:.digits$}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    let mut c = vec![
+        r.label.clone(),
+        r.flps.to_string(),
+        r.epns.to_string(),
+        r.stf_size.clone(),
+        num(r.rate_hz),
+        num(r.issued),
+        num(r.completed),
+        num(r.lost),
+        format!("{:.2}", r.loss_pct),
+        num(r.incomplete),
+        num(r.dropped),
+        num(r.split),
+        format!("{:.3}", r.goodput_gbps),
+        format!("{:.2}", r.p50),
+        format!("{:.2}", r.p99),
+        format!("{:.2}", r.max),
+        format!("{}/{}", r.valid, r.runs),
+        if r.invariant_ok { "ok" } else { "VIOLATED" }.to_string(),
+    ];
+    if cols.policy {
+        c.insert(5, r.policy.clone());
     }
-    fanin_report::align(&cells)
+    if cols.mb_s {
+        c.push(format!("{:.2}", r.goodput_gbps * 1e3 / 8.0));
+        c.push(or_dash(r.published_mb_s, 2));
+    }
+    if cols.faults {
+        match &r.faults {
+            Some(f) => c.extend([
+                f.detect_ms
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                or_dash(f.rejoin_ms, 0),
+                num(f.reassigned),
+                num(f.dropped_at_loss),
+            ]),
+            None => c.extend(["-".into(), "-".into(), "-".into(), "-".into()]),
+        }
+    }
+    if cols.published_loss {
+        c.push(or_dash(r.published_loss_pct, 2));
+    }
+    c
 }
 
 pub fn print_runs(rows: &[RunRow]) {

@@ -115,43 +115,8 @@ pub const PRESETS: &[&str] = &["antares-sector", "antares-2-string", "antares-10
 impl SimConfig {
     /// Applies the preset's scale, if any, and checks every value.
     pub fn resolve(mut self) -> Result<SimConfig, crate::ConfigError> {
-        if let Some(p) = self.preset.clone() {
-            let (strings, sectors) = match p.as_str() {
-                "antares-sector" => (1, 1),
-                "antares-2-string" => (2, 6),
-                "antares-10-string" => (10, 6),
-                other => {
-                    return Err(
-                        format!("preset {other:?} is not known ({})", PRESETS.join(", ")).into(),
-                    )
-                }
-            };
-            self.strings = strings;
-            self.sectors_per_string = sectors;
-            self.lcms_per_sector = 5;
-        }
-        let within = |name: &str, v: f64, lo: f64, hi: f64| {
-            if v.is_finite() && (lo..=hi).contains(&v) {
-                Ok(())
-            } else {
-                Err(format!("`{name}` must be within {lo}..={hi}, not {v}"))
-            }
-        };
-        // Link rates from 1 kbit/s to 1 Pbit/s.
-        within("lcm_mbps", self.lcm_mbps, 0.001, 1e9)?;
-        within("mlcm_mbps", self.mlcm_mbps, 0.001, 1e9)?;
-        within("pc_mbps", self.pc_mbps, 0.001, 1e9)?;
-        within("slice_ms", self.slice_ms, 0.001, 3.6e6)?;
-        within("duration_s", self.duration_s, 1e-6, 1e6)?;
-        within("relax_s", self.relax_s, 0.0, 1e6)?;
-        within("min_rto_ms", self.min_rto_ms, 0.001, 60_000.0)?;
-        within("lcm_delay_us", self.lcm_delay_us, 0.0, 1e7)?;
-        within("shore_delay_us", self.shore_delay_us, 0.0, 1e7)?;
-        within("pc_delay_us", self.pc_delay_us, 0.0, 1e7)?;
-        within("jitter_us", self.jitter_us, 0.0, 1e7)?;
-        if !(0.0..1.0).contains(&self.ber) {
-            return Err(format!("`ber` must be within [0, 1), not {}", self.ber).into());
-        }
+        self.apply_preset()?;
+        self.check_ranges()?;
         let lcms = (self.strings as u64)
             .checked_mul(self.sectors_per_string as u64)
             .and_then(|v| v.checked_mul(self.lcms_per_sector as u64))
@@ -201,6 +166,54 @@ impl SimConfig {
             ).into());
         }
         Ok(self)
+    }
+
+    /// The preset's scale: strings, sectors per string, 5 LCMs per sector.
+    fn apply_preset(&mut self) -> Result<(), crate::ConfigError> {
+        let Some(p) = self.preset.as_deref() else {
+            return Ok(());
+        };
+        let (strings, sectors) = match p {
+            "antares-sector" => (1, 1),
+            "antares-2-string" => (2, 6),
+            "antares-10-string" => (10, 6),
+            other => {
+                return Err(
+                    format!("preset {other:?} is not known ({})", PRESETS.join(", ")).into(),
+                )
+            }
+        };
+        self.strings = strings;
+        self.sectors_per_string = sectors;
+        self.lcms_per_sector = 5;
+        Ok(())
+    }
+
+    /// Rates, times and the bit error rate, each within its range.
+    fn check_ranges(&self) -> Result<(), crate::ConfigError> {
+        let within = |name: &str, v: f64, lo: f64, hi: f64| {
+            if v.is_finite() && (lo..=hi).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("`{name}` must be within {lo}..={hi}, not {v}"))
+            }
+        };
+        // Link rates from 1 kbit/s to 1 Pbit/s.
+        within("lcm_mbps", self.lcm_mbps, 0.001, 1e9)?;
+        within("mlcm_mbps", self.mlcm_mbps, 0.001, 1e9)?;
+        within("pc_mbps", self.pc_mbps, 0.001, 1e9)?;
+        within("slice_ms", self.slice_ms, 0.001, 3.6e6)?;
+        within("duration_s", self.duration_s, 1e-6, 1e6)?;
+        within("relax_s", self.relax_s, 0.0, 1e6)?;
+        within("min_rto_ms", self.min_rto_ms, 0.001, 60_000.0)?;
+        within("lcm_delay_us", self.lcm_delay_us, 0.0, 1e7)?;
+        within("shore_delay_us", self.shore_delay_us, 0.0, 1e7)?;
+        within("pc_delay_us", self.pc_delay_us, 0.0, 1e7)?;
+        within("jitter_us", self.jitter_us, 0.0, 1e7)?;
+        if !(0.0..1.0).contains(&self.ber) {
+            return Err(format!("`ber` must be within [0, 1), not {}", self.ber).into());
+        }
+        Ok(())
     }
 
     /// The transmission scheme: direct, delayed (`k`), or pull (`pull`, `flp_tokens`).

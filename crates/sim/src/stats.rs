@@ -84,29 +84,70 @@ fn building(w: &World, slice_ok: &[bool]) -> ((f64, f64, f64), f64) {
     ((pct(0.5), pct(0.99), max), goodput)
 }
 
-impl SimSummary {
-    pub fn of(w: &World) -> SimSummary {
-        let mut delays: Vec<Time> = Vec::new();
-        let (mut produced, mut sent, mut suppressed, mut arrived) = (0u64, 0u64, 0u64, 0u64);
-        // Built from the fragments alone, to check against the configured slice count.
+/// What became of the fragments, counted from the fragments alone.
+struct Fragments {
+    /// Arrival minus send time of each fragment that arrived.
+    delays: Vec<Time>,
+    produced: u64,
+    sent: u64,
+    suppressed: u64,
+    arrived: u64,
+    /// Per slice seen: every fragment of it arrived (checked against the configured
+    /// slice count).
+    slice_ok: Vec<bool>,
+}
+
+impl Fragments {
+    fn of(w: &World) -> Fragments {
         let seen = w.frags.iter().map(|f| f.slice + 1).max().unwrap_or(0) as usize;
-        let mut slice_ok = vec![true; seen];
+        let mut t = Fragments {
+            delays: Vec::new(),
+            produced: 0,
+            sent: 0,
+            suppressed: 0,
+            arrived: 0,
+            slice_ok: vec![true; seen],
+        };
         for f in &w.frags {
             if f.suppressed {
-                suppressed += 1;
+                t.suppressed += 1;
                 continue;
             }
-            produced += 1;
+            t.produced += 1;
             if f.sent != NEVER {
-                sent += 1;
+                t.sent += 1;
             }
             if f.arrived != NEVER {
-                arrived += 1;
-                delays.push(f.arrived - f.sent);
+                t.arrived += 1;
+                t.delays.push(f.arrived - f.sent);
             } else {
-                slice_ok[f.slice as usize] = false;
+                t.slice_ok[f.slice as usize] = false;
             }
         }
+        t
+    }
+}
+
+/// The transmission scheme's name: direct, delayed with its k, or pull with its tokens.
+fn scheme(c: &crate::config::SimConfig) -> String {
+    match (c.k, c.pull) {
+        (Some(k), _) => format!("delayed k={k}"),
+        (None, Some(n)) => format!("pull {n} (flp tokens {})", c.flp_tokens.unwrap_or(2)),
+        (None, None) => "direct".into(),
+    }
+}
+
+impl SimSummary {
+    pub fn of(w: &World) -> SimSummary {
+        let Fragments {
+            mut delays,
+            produced,
+            sent,
+            suppressed,
+            arrived,
+            slice_ok,
+        } = Fragments::of(w);
+        let seen = slice_ok.len();
         delays.sort_unstable();
         let (tf_latency, goodput_mbps) = building(w, &slice_ok);
         let avg = if delays.is_empty() {
@@ -127,11 +168,7 @@ impl SimSummary {
                 Transport::Tcp => "tcp".into(),
                 Transport::Udp => "udp".into(),
             },
-            scheme: match (c.k, c.pull) {
-                (Some(k), _) => format!("delayed k={k}"),
-                (None, Some(n)) => format!("pull {n} (flp tokens {})", c.flp_tokens.unwrap_or(2)),
-                (None, None) => "direct".into(),
-            },
+            scheme: scheme(c),
             bio: format!("{:?}", c.bio).to_lowercase(),
             slices: issued,
             fragments: produced,

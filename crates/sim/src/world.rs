@@ -88,52 +88,51 @@ fn us(v: f64) -> Time {
     (v * US as f64).round() as Time
 }
 
+/// The detector's network: each sector's LCMs on their MLCM, every MLCM and every shore
+/// PC on the one switch ashore. The LCM and PC hosts, in order.
+fn network(cfg: &SimConfig) -> (Net, Vec<NodeId>, Vec<NodeId>) {
+    let limit = match cfg.queue_bytes {
+        Some(b) => Limit::Bytes(b),
+        None => Limit::Packets(cfg.queue_packets as usize),
+    };
+    let mut b = Builder::default();
+    let gigaswitch = b.node();
+    let mut lcm_nodes = Vec::new();
+    for _ in 0..cfg.strings * cfg.sectors_per_string {
+        let mlcm = b.node();
+        let (rate, delay) = (bps(cfg.mlcm_mbps), us(cfg.shore_delay_us));
+        b.link(mlcm, gigaswitch, rate, delay, limit, cfg.ber);
+        for _ in 0..cfg.lcms_per_sector {
+            let lcm = b.host();
+            let (rate, delay) = (bps(cfg.lcm_mbps), us(cfg.lcm_delay_us));
+            b.link(lcm, mlcm, rate, delay, limit, 0.0);
+            lcm_nodes.push(lcm);
+        }
+    }
+    let mut pc_nodes = Vec::new();
+    for _ in 0..cfg.pc_count() {
+        let pc = b.host();
+        let (rate, delay) = (bps(cfg.pc_mbps), us(cfg.pc_delay_us));
+        b.link(gigaswitch, pc, rate, delay, limit, 0.0);
+        pc_nodes.push(pc);
+    }
+    (b.build(), lcm_nodes, pc_nodes)
+}
+
+fn tcp_params(cfg: &SimConfig) -> TcpParams {
+    let min_rto = (cfg.min_rto_ms * MS as f64).round() as Time;
+    TcpParams {
+        mss: cfg.mss,
+        min_rto,
+        initial_rto: TcpParams::default().initial_rto.max(min_rto),
+        slow_start_restart: cfg.slow_start_restart,
+        ..TcpParams::default()
+    }
+}
+
 impl World {
     pub fn new(cfg: SimConfig) -> World {
-        let limit = match cfg.queue_bytes {
-            Some(b) => Limit::Bytes(b),
-            None => Limit::Packets(cfg.queue_packets as usize),
-        };
-        let mut b = Builder::default();
-        let gigaswitch = b.node();
-        let mut lcm_nodes = Vec::new();
-        for _ in 0..cfg.strings * cfg.sectors_per_string {
-            let mlcm = b.node();
-            b.link(
-                mlcm,
-                gigaswitch,
-                bps(cfg.mlcm_mbps),
-                us(cfg.shore_delay_us),
-                limit,
-                cfg.ber,
-            );
-            for _ in 0..cfg.lcms_per_sector {
-                let lcm = b.host();
-                b.link(
-                    lcm,
-                    mlcm,
-                    bps(cfg.lcm_mbps),
-                    us(cfg.lcm_delay_us),
-                    limit,
-                    0.0,
-                );
-                lcm_nodes.push(lcm);
-            }
-        }
-        let mut pc_nodes = Vec::new();
-        for _ in 0..cfg.pc_count() {
-            let pc = b.host();
-            b.link(
-                gigaswitch,
-                pc,
-                bps(cfg.pc_mbps),
-                us(cfg.pc_delay_us),
-                limit,
-                0.0,
-            );
-            pc_nodes.push(pc);
-        }
-        let net = b.build();
+        let (net, lcm_nodes, pc_nodes) = network(&cfg);
         let mut placer = fanin_sched::Placer::new(cfg.policy.build());
         for i in 0..pc_nodes.len() as u32 {
             placer.policy_mut().add_epn(i);
@@ -148,14 +147,6 @@ impl World {
             m.parse::<fanin_sched::StfSize>()
                 .expect("checked by resolve")
         });
-        let min_rto = (cfg.min_rto_ms * MS as f64).round() as Time;
-        let tcp = TcpParams {
-            mss: cfg.mss,
-            min_rto,
-            initial_rto: TcpParams::default().initial_rto.max(min_rto),
-            slow_start_restart: cfg.slow_start_restart,
-            ..TcpParams::default()
-        };
         // Relaxation starts when the last fragment has left (delayed senders wait up to
         // (LCMs - 1) / k slices; jitter adds its maximum).
         let last_delay = delay_slices(lcm_nodes.len().saturating_sub(1) as u32, cfg.k);
@@ -176,7 +167,7 @@ impl World {
             slices,
             conns: Vec::new(),
             frags: Vec::new(),
-            tcp,
+            tcp: tcp_params(&cfg),
             acts: Vec::new(),
             end,
             jitter: us(cfg.jitter_us),

@@ -186,6 +186,42 @@ fn invalid_reason(
     }
 }
 
+/// Counts by reason, keyed by the reasons' names.
+fn reason_names(m: &BTreeMap<fanin_proto::Reason, u64>) -> BTreeMap<String, u64> {
+    m.iter().map(|(r, n)| (r.name().to_string(), *n)).collect()
+}
+
+/// `x / over`, or 0 when `over` is not positive (nothing issued, no time).
+fn per(x: f64, over: f64) -> f64 {
+    if over > 0.0 {
+        x / over
+    } else {
+        0.0
+    }
+}
+
+/// The run's issuing time (first to last issue, plus one period when paced, less the
+/// pauses) and its active time (first issue to the last TF's end), in seconds.
+fn spans(cfg: &Checked, ledger: &Ledger, paused_s: f64) -> (f64, f64) {
+    let first = ledger.first_issue_us.unwrap_or(0);
+    let last_issue = ledger.last_issue_us.unwrap_or(first);
+    let period = if cfg.paced() {
+        1.0 / cfg.cfg.rate_hz
+    } else {
+        0.0
+    };
+    let duration_s = if ledger.issued == 0 {
+        0.0
+    } else {
+        ((last_issue - first) as f64 / 1e6 + period - paused_s).max(0.0)
+    };
+    let active_s = ledger
+        .last_end_us
+        .map(|e| e.saturating_sub(first) as f64 / 1e6)
+        .unwrap_or(0.0);
+    (duration_s, active_s)
+}
+
 impl Summary {
     pub fn build(
         run_id: u64,
@@ -196,32 +232,13 @@ impl Summary {
         nodes: BTreeMap<String, BTreeMap<String, u64>>,
         events: Vec<String>,
     ) -> Summary {
-        let first = ledger.first_issue_us.unwrap_or(0);
-        let last_issue = ledger.last_issue_us.unwrap_or(first);
-        let period = if cfg.paced() {
-            1.0 / cfg.cfg.rate_hz
-        } else {
-            0.0
-        };
-        let duration_s = if ledger.issued == 0 {
-            0.0
-        } else {
-            ((last_issue - first) as f64 / 1e6 + period - paused_s).max(0.0)
-        };
-        let active_s = ledger
-            .last_end_us
-            .map(|e| e.saturating_sub(first) as f64 / 1e6)
-            .unwrap_or(0.0);
+        let (duration_s, active_s) = spans(cfg, ledger, paused_s);
         let incomplete = ledger.incomplete_total();
         let dropped = ledger.dropped_total();
         let lost = ledger.issued - ledger.completed;
         let invariant_ok = invariant_ok(ledger, tally);
         let configured = cfg.configured_duration.map(|d| d.as_secs_f64());
-        let loss_pct = if ledger.issued == 0 {
-            0.0
-        } else {
-            100.0 * lost as f64 / ledger.issued as f64
-        };
+        let loss_pct = 100.0 * per(lost as f64, ledger.issued as f64);
         let invalid_reason = invalid_reason(
             cfg,
             invariant_ok,
@@ -230,11 +247,6 @@ impl Summary {
             duration_s,
             configured,
         );
-        let names = |m: &BTreeMap<fanin_proto::Reason, u64>| {
-            m.iter()
-                .map(|(r, n)| (r.name().to_string(), *n))
-                .collect::<BTreeMap<_, _>>()
-        };
         Summary {
             run_id,
             flps: cfg.cfg.flps,
@@ -248,26 +260,18 @@ impl Summary {
             dropped,
             lost,
             loss_pct,
-            incomplete_by_reason: names(&ledger.incomplete),
-            dropped_by_reason: names(&ledger.dropped),
+            incomplete_by_reason: reason_names(&ledger.incomplete),
+            dropped_by_reason: reason_names(&ledger.dropped),
             split: sum_counter(&nodes, "events.split_tfs"),
             duplicate_stfs: sum_counter(&nodes, "events.duplicate_stfs"),
             crc_errors: sum_counter(&nodes, "events.crc_errors"),
             reassigned: ledger.reassigned,
             completed_bytes: ledger.completed_bytes,
-            goodput_gbps: if active_s > 0.0 {
-                ledger.completed_bytes as f64 * 8.0 / active_s / 1e9
-            } else {
-                0.0
-            },
+            goodput_gbps: per(ledger.completed_bytes as f64 * 8.0, active_s) / 1e9,
             duration_s,
             configured_duration_s: configured,
             active_s,
-            rate_hz_achieved: if duration_s > 0.0 {
-                ledger.issued as f64 / duration_s
-            } else {
-                0.0
-            },
+            rate_hz_achieved: per(ledger.issued as f64, duration_s),
             latency_ms: Latency {
                 p50: ledger.latency_ms(0.5),
                 p99: ledger.latency_ms(0.99),

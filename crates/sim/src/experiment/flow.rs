@@ -162,58 +162,36 @@ fn check_all(
     Ok(())
 }
 
-pub fn run_experiment(
-    mut exp: AliceExperiment,
-    results: &Path,
-    only: &[String],
-    seed: Option<u64>,
-    duration: Option<f64>,
-) -> anyhow::Result<()> {
-    super::keep_only(&mut exp.runs, only, |r| &r.label)?;
-    check_all(&exp, seed, duration)?;
-    let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
+/// One row with one policy: its config and summary in `dir`, a line on stdout; the
+/// summary and the wall time it took.
+fn run_one(label: &str, cfg: &AliceConfig, dir: &Path) -> anyhow::Result<(AliceSummary, f64)> {
+    let wall = std::time::Instant::now();
+    let s = run(cfg).map_err(|e| anyhow::anyhow!("run {label}: {e}"))?;
+    let wall = wall.elapsed().as_secs_f64();
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.toml"), toml::to_string(cfg)?)?;
+    std::fs::write(
+        dir.join("summary.json"),
+        serde_json::to_string_pretty(&s)? + "\n",
+    )?;
     println!(
-        "fanin sim: {:?} on the flow model, {} run(s) x {} policies; results in {}",
-        exp.name,
-        exp.runs.len(),
-        exp.policies.len(),
-        root.display()
+        "[{label} / {}] issued {} completed {} incomplete {} dropped {} invariant {} ({wall:.1} s wall, {} flows, {} rate solves)",
+        cfg.policy,
+        s.issued,
+        s.completed,
+        s.incomplete,
+        s.dropped,
+        if s.invariant_ok { "ok" } else { "VIOLATED" },
+        s.flows,
+        s.solves
     );
-    let mut rows = Vec::new();
-    for r in &exp.runs {
-        for &p in &exp.policies {
-            let cfg = configured(r, p, seed, duration);
-            let wall = std::time::Instant::now();
-            let s = run(&cfg).map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
-            let wall = wall.elapsed().as_secs_f64();
-            let dir = root.join(super::policy_dir(&r.label, p));
-            std::fs::create_dir_all(&dir)?;
-            std::fs::write(dir.join("config.toml"), toml::to_string(&cfg)?)?;
-            std::fs::write(
-                dir.join("summary.json"),
-                serde_json::to_string_pretty(&s)? + "\n",
-            )?;
-            println!(
-                "[{} / {}] issued {} completed {} incomplete {} dropped {} invariant {} ({:.1} s wall, {} flows, {} rate solves)",
-                r.label,
-                p,
-                s.issued,
-                s.completed,
-                s.incomplete,
-                s.dropped,
-                if s.invariant_ok { "ok" } else { "VIOLATED" },
-                wall,
-                s.flows,
-                s.solves
-            );
-            rows.push((r.label.clone(), s, wall));
-        }
-    }
-    let t = table(&rows);
-    println!("\n{t}");
-    std::fs::write(root.join("table.txt"), &t)?;
+    Ok((s, wall))
+}
+
+/// table.csv: one row per run and policy.
+fn csv(rows: &[(String, AliceSummary, f64)]) -> String {
     let mut csv = String::from("run,policy,issued,completed,incomplete,dropped,incomplete_reasons,dropped_reasons,waited,latency_mean_s,latency_p50_s,latency_p99_s,latency_max_s,buffer_mean_frac,buffer_peak_frac,flp_link_util,epn_link_util,epn_link_util_max,goodput_tbps,epn_failures,invariant_ok,wall_s\n");
-    for (label, s, wall) in &rows {
+    for (label, s, wall) in rows {
         let label = label.replace('"', "\"\""); // a quote in a label is doubled (RFC 4180)
         let _ = writeln!(
             csv,
@@ -240,7 +218,39 @@ pub fn run_experiment(
             s.invariant_ok
         );
     }
-    std::fs::write(root.join("table.csv"), csv)?;
+    csv
+}
+
+pub fn run_experiment(
+    mut exp: AliceExperiment,
+    results: &Path,
+    only: &[String],
+    seed: Option<u64>,
+    duration: Option<f64>,
+) -> anyhow::Result<()> {
+    super::keep_only(&mut exp.runs, only, |r| &r.label)?;
+    check_all(&exp, seed, duration)?;
+    let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
+    println!(
+        "fanin sim: {:?} on the flow model, {} run(s) x {} policies; results in {}",
+        exp.name,
+        exp.runs.len(),
+        exp.policies.len(),
+        root.display()
+    );
+    let mut rows = Vec::new();
+    for r in &exp.runs {
+        for &p in &exp.policies {
+            let cfg = configured(r, p, seed, duration);
+            let dir = root.join(super::policy_dir(&r.label, p));
+            let (s, wall) = run_one(&r.label, &cfg, &dir)?;
+            rows.push((r.label.clone(), s, wall));
+        }
+    }
+    let t = table(&rows);
+    println!("\n{t}");
+    std::fs::write(root.join("table.txt"), &t)?;
+    std::fs::write(root.join("table.csv"), csv(&rows))?;
     println!("results: {}", root.display());
     anyhow::ensure!(
         rows.iter().all(|(_, s, _)| s.invariant_ok),

@@ -952,30 +952,22 @@ impl<'a> Sim<'a> {
 pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
     let (scale, size, proc) = cfg.check()?;
     let mut sim = Sim::new(cfg, &scale, proc);
-    let mut rng_fail = rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0xbe54_66cf_34e9_0c6c);
-    let period = 1.0 / scale.tf_rate_hz;
-    let n_tfs = (cfg.duration_s * scale.tf_rate_hz).round() as u64;
-    let stop_issue = secs(cfg.duration_s);
-    let end = stop_issue + secs(cfg.drain_s);
-    if n_tfs > 0 {
+    let issuing = Issuing {
+        n_tfs: (cfg.duration_s * scale.tf_rate_hz).round() as u64,
+        period: 1.0 / scale.tf_rate_hz,
+        flps: scale.flps,
+        size,
+    };
+    let end = secs(cfg.duration_s) + secs(cfg.drain_s);
+    if issuing.n_tfs > 0 {
         sim.q.at(0, Ev::Issue(0));
     }
-    let exp =
-        |rng: &mut rand_pcg::Pcg64Mcg, mean: f64| -> f64 { -mean * (1.0 - rng.gen::<f64>()).ln() };
-    if cfg.mtbf_s > 0.0 {
-        for e in 0..scale.epns {
-            let t = secs(exp(&mut rng_fail, cfg.mtbf_s));
-            if t < end {
-                sim.q.at(t, Ev::Fail(e));
-            }
-        }
-    }
+    let mut fails = Failures::new(cfg, end);
+    fails.first(scale.epns, &mut sim.q);
     let quantum = secs(cfg.recompute_ms / 1e3);
     let mut resolve_at: Option<Time> = None;
     let mut finish_at: Option<Time> = None;
-    let (mut failures, mut peak_flows) = (0u64, 0usize);
-    let mut stf_bytes_total = 0.0;
-
+    let mut tally = Tally::default();
     while let Some((t, ev)) = sim.q.pop() {
         if t > end {
             break;
@@ -983,67 +975,22 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
         sim.net.advance(t);
         sim.changed = false;
         // Something freed buffer or changed membership: waiting TFs may be placed.
-        let mut retry = false;
-        match ev {
-            Ev::Issue(n) => {
-                if n + 1 < n_tfs {
-                    sim.q.at(secs((n + 1) as f64 * period), Ev::Issue(n + 1));
-                }
-                stf_bytes_total += sim.issue(n, t, (scale.flps, size))?;
-                peak_flows = peak_flows.max(sim.net.active().len());
-            }
-            Ev::Place(n) => {
-                let bytes = sim.tfs[n as usize].bytes.round() as u64;
-                sim.place_new(n, bytes, t)?;
-            }
-            Ev::Ready(n) => {
-                let tf = &sim.tfs[n as usize];
-                if tf.end.is_none() && tf.epn != u32::MAX && tf.flows.is_empty() {
-                    sim.send_tf(n, t)?;
-                }
-            }
+        let retry = match ev {
             Ev::Resolve => {
                 if resolve_at == Some(t) {
                     resolve_at = None;
                     sim.net.solve();
                 }
+                false
             }
             Ev::Finish => {
                 if finish_at == Some(t) {
                     finish_at = None;
                 }
-                retry = sim.flows_finished(t);
+                sim.flows_finished(t)
             }
-            Ev::Timeout(n) => {
-                if sim.tfs[n as usize].end.is_none() && sim.tfs[n as usize].epn != u32::MAX {
-                    sim.abort(n, t, End::Incomplete("build_timeout"));
-                    retry = true;
-                }
-            }
-            Ev::ProcDone {
-                epn: e,
-                tf: n,
-                epoch,
-            } => retry = sim.processed(e, n, epoch, t),
-            Ev::Fail(e) => {
-                failures += 1;
-                sim.fail(e, t);
-                let back = t + secs(exp(&mut rng_fail, cfg.mttr_s));
-                if back < end {
-                    sim.q.at(back, Ev::Return(e));
-                }
-                retry = true;
-            }
-            Ev::Return(e) => {
-                sim.placer.policy_mut().add_epn(e);
-                sim.report(e);
-                let next = t + secs(exp(&mut rng_fail, cfg.mtbf_s));
-                if next < end {
-                    sim.q.at(next, Ev::Fail(e));
-                }
-                retry = true;
-            }
-        }
+            ev => sim.step(ev, t, &issuing, (&mut fails, &mut tally))?,
+        };
         if retry && sim.placer.waiting_len() > 0 {
             sim.place_waiting(t)?;
         }
@@ -1060,7 +1007,133 @@ pub fn run(cfg: &AliceConfig) -> Result<AliceSummary, crate::ConfigError> {
             }
         }
     }
-    Ok(sim.summary(scale, end, (stf_bytes_total, failures, peak_flows)))
+    let totals = (tally.stf_bytes, fails.count, tally.peak_flows);
+    Ok(sim.summary(scale, end, totals))
+}
+
+/// The TFs a run issues: how many, how often, from how many FLPs, of what size.
+struct Issuing {
+    n_tfs: u64,
+    period: f64,
+    flps: u32,
+    size: StfSize,
+}
+
+/// What the summary counts beside the simulation's own state.
+#[derive(Default)]
+struct Tally {
+    stf_bytes: f64,
+    peak_flows: usize,
+}
+
+/// EPN failures and returns at exponential times (means `mtbf_s`, `mttr_s`) from their
+/// own random stream, none at or after the run's end.
+struct Failures {
+    rng: rand_pcg::Pcg64Mcg,
+    mtbf_s: f64,
+    mttr_s: f64,
+    end: Time,
+    count: u64,
+}
+
+impl Failures {
+    fn new(cfg: &AliceConfig, end: Time) -> Self {
+        Failures {
+            rng: rand_pcg::Pcg64Mcg::seed_from_u64(cfg.seed ^ 0xbe54_66cf_34e9_0c6c),
+            mtbf_s: cfg.mtbf_s,
+            mttr_s: cfg.mttr_s,
+            end,
+            count: 0,
+        }
+    }
+
+    fn draw(&mut self, mean: f64) -> Time {
+        secs(-mean * (1.0 - self.rng.gen::<f64>()).ln())
+    }
+
+    /// Every EPN's first failure (none without an MTBF).
+    fn first(&mut self, epns: u32, q: &mut Queue<Ev>) {
+        if self.mtbf_s <= 0.0 {
+            return;
+        }
+        for e in 0..epns {
+            let t = self.draw(self.mtbf_s);
+            if t < self.end {
+                q.at(t, Ev::Fail(e));
+            }
+        }
+    }
+
+    /// EPN `e` failed at `t`: its return.
+    fn failed(&mut self, e: u32, t: Time, q: &mut Queue<Ev>) {
+        self.count += 1;
+        let back = t + self.draw(self.mttr_s);
+        if back < self.end {
+            q.at(back, Ev::Return(e));
+        }
+    }
+
+    /// EPN `e` returned at `t`: its next failure.
+    fn returned(&mut self, e: u32, t: Time, q: &mut Queue<Ev>) {
+        let next = t + self.draw(self.mtbf_s);
+        if next < self.end {
+            q.at(next, Ev::Fail(e));
+        }
+    }
+}
+
+impl Sim<'_> {
+    /// One event other than the run loop's own timers (Resolve, Finish); true when
+    /// waiting TFs may be placed now.
+    fn step(
+        &mut self,
+        ev: Ev,
+        t: Time,
+        issuing: &Issuing,
+        (fails, tally): (&mut Failures, &mut Tally),
+    ) -> Result<bool, crate::ConfigError> {
+        match ev {
+            Ev::Issue(n) => {
+                if n + 1 < issuing.n_tfs {
+                    let next = secs((n + 1) as f64 * issuing.period);
+                    self.q.at(next, Ev::Issue(n + 1));
+                }
+                tally.stf_bytes += self.issue(n, t, (issuing.flps, issuing.size))?;
+                tally.peak_flows = tally.peak_flows.max(self.net.active().len());
+            }
+            Ev::Place(n) => {
+                let bytes = self.tfs[n as usize].bytes.round() as u64;
+                self.place_new(n, bytes, t)?;
+            }
+            Ev::Ready(n) => {
+                let tf = &self.tfs[n as usize];
+                if tf.end.is_none() && tf.epn != u32::MAX && tf.flows.is_empty() {
+                    self.send_tf(n, t)?;
+                }
+            }
+            Ev::Timeout(n) => {
+                let tf = &self.tfs[n as usize];
+                if tf.end.is_none() && tf.epn != u32::MAX {
+                    self.abort(n, t, End::Incomplete("build_timeout"));
+                    return Ok(true);
+                }
+            }
+            Ev::ProcDone { epn, tf, epoch } => return Ok(self.processed(epn, tf, epoch, t)),
+            Ev::Fail(e) => {
+                self.fail(e, t);
+                fails.failed(e, t, &mut self.q);
+                return Ok(true);
+            }
+            Ev::Return(e) => {
+                self.placer.policy_mut().add_epn(e);
+                self.report(e);
+                fails.returned(e, t, &mut self.q);
+                return Ok(true);
+            }
+            Ev::Resolve | Ev::Finish => unreachable!("the run loop's own timers"),
+        }
+        Ok(false)
+    }
 }
 
 /// How long after its time each FLP's STF of TF `n` is read out: uniform(0,

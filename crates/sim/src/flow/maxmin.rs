@@ -75,15 +75,60 @@ impl Solver {
     /// on which no flow has a larger rate. `rates[i]` is flow `i`'s rate (same unit as
     /// `caps`). A flow with no links and no finite demand gets `f64::INFINITY`.
     pub fn solve<F: Flows + ?Sized>(&mut self, caps: &[f64], flows: &F, rates: &mut Vec<f64>) {
-        let nl = caps.len();
         rates.clear();
         rates.resize(flows.len(), 0.0);
         self.rem.clear();
         self.rem.extend_from_slice(caps);
+        self.index(caps.len(), flows);
+        self.order_demands(flows);
+        self.heap.clear();
+        for l in 0..caps.len() {
+            if self.n[l] > 0 {
+                self.heap.push(Share {
+                    share: self.rem[l] / self.n[l] as f64,
+                    link: l as u32,
+                });
+            }
+        }
+        let mut next_demand = 0usize;
+        let mut left = flows.len();
+        while left > 0 {
+            let link = self.smallest_share();
+            while next_demand < self.by_demand.len()
+                && self.frozen[self.by_demand[next_demand] as usize]
+            {
+                next_demand += 1;
+            }
+            let dem = self
+                .by_demand
+                .get(next_demand)
+                .map(|&f| (flows.demand(f as usize), f));
+            match (link, dem) {
+                (None, None) => {
+                    // Only unconstrained flows remain.
+                    for (i, r) in rates.iter_mut().enumerate() {
+                        if !self.frozen[i] {
+                            *r = f64::INFINITY;
+                        }
+                    }
+                    break;
+                }
+                (l, Some((d, f))) if l.is_none_or(|(s, _)| d <= s) => {
+                    self.freeze(f as usize, d, u32::MAX, rates);
+                    left -= 1;
+                }
+                (Some((s, l)), _) => left -= self.saturate(l, s, rates),
+                (None, Some(_)) => unreachable!("covered by the guard above"),
+            }
+        }
+    }
+
+    /// Per-link member lists (compressed rows: link l's flows are
+    /// members[start[l]..start[l + 1]]), from a compact copy of the paths, so the flows
+    /// themselves are read once, in order. Every flow starts unfrozen.
+    fn index<F: Flows + ?Sized>(&mut self, nl: usize, flows: &F) {
         self.n.clear();
         self.n.resize(nl, 0);
-        // Per-link member lists (compressed rows), from a compact copy of the paths:
-        // the flows themselves are read once, in order.
         let nf = flows.len();
         self.plinks.clear();
         self.poff.clear();
@@ -117,91 +162,64 @@ impl Solver {
         }
         self.frozen.clear();
         self.frozen.resize(nf, false);
+    }
+
+    /// The flows with a finite demand, smallest demand first (ties: lower flow id).
+    fn order_demands<F: Flows + ?Sized>(&mut self, flows: &F) {
         self.by_demand.clear();
         self.by_demand
-            .extend((0..nf as u32).filter(|&i| flows.demand(i as usize).is_finite()));
+            .extend((0..flows.len() as u32).filter(|&i| flows.demand(i as usize).is_finite()));
         self.by_demand.sort_by(|&a, &b| {
             flows
                 .demand(a as usize)
                 .total_cmp(&flows.demand(b as usize))
                 .then(a.cmp(&b))
         });
-        self.heap.clear();
-        for l in 0..nl {
-            if self.n[l] > 0 {
+    }
+
+    /// The smallest current link share and its link, if a link still has unfrozen
+    /// flows: finished links are dropped from the heap, grown shares requeued.
+    fn smallest_share(&mut self) -> Option<(f64, u32)> {
+        while let Some(top) = self.heap.peek() {
+            let l = top.link as usize;
+            if self.n[l] == 0 {
+                self.heap.pop();
+                continue;
+            }
+            let now = self.rem[l] / self.n[l] as f64;
+            if now > top.share * (1.0 + 1e-12) + 1e-12 {
+                self.heap.pop();
                 self.heap.push(Share {
-                    share: self.rem[l] / self.n[l] as f64,
+                    share: now,
                     link: l as u32,
                 });
+                continue;
+            }
+            break;
+        }
+        let s = self.heap.peek()?;
+        Some((
+            self.rem[s.link as usize] / self.n[s.link as usize] as f64,
+            s.link,
+        ))
+    }
+
+    /// Link `l` is saturated at `share`: its unfrozen flows freeze there. Returns how many.
+    fn saturate(&mut self, l: u32, share: f64, rates: &mut [f64]) -> usize {
+        let (a, b) = (
+            self.start[l as usize] as usize,
+            self.start[l as usize + 1] as usize,
+        );
+        let mut frozen = 0;
+        for k in a..b {
+            let f = self.members[k] as usize;
+            if !self.frozen[f] {
+                self.freeze(f, share, l, rates);
+                frozen += 1;
             }
         }
-        let mut next_demand = 0usize;
-        let mut left = nf;
-        while left > 0 {
-            // Smallest current link share: drop finished links, requeue grown shares.
-            while let Some(top) = self.heap.peek() {
-                let l = top.link as usize;
-                if self.n[l] == 0 {
-                    self.heap.pop();
-                    continue;
-                }
-                let now = self.rem[l] / self.n[l] as f64;
-                if now > top.share * (1.0 + 1e-12) + 1e-12 {
-                    self.heap.pop();
-                    self.heap.push(Share {
-                        share: now,
-                        link: l as u32,
-                    });
-                    continue;
-                }
-                break;
-            }
-            while next_demand < self.by_demand.len()
-                && self.frozen[self.by_demand[next_demand] as usize]
-            {
-                next_demand += 1;
-            }
-            let link = self.heap.peek().map(|s| {
-                (
-                    self.rem[s.link as usize] / self.n[s.link as usize] as f64,
-                    s.link,
-                )
-            });
-            let dem = self
-                .by_demand
-                .get(next_demand)
-                .map(|&f| (flows.demand(f as usize), f));
-            match (link, dem) {
-                (None, None) => {
-                    // Only unconstrained flows remain.
-                    for (i, r) in rates.iter_mut().enumerate() {
-                        if !self.frozen[i] {
-                            *r = f64::INFINITY;
-                        }
-                    }
-                    break;
-                }
-                (l, Some((d, f))) if l.is_none_or(|(s, _)| d <= s) => {
-                    self.freeze(f as usize, d, u32::MAX, rates);
-                    left -= 1;
-                }
-                (Some((s, l)), _) => {
-                    let (a, b) = (
-                        self.start[l as usize] as usize,
-                        self.start[l as usize + 1] as usize,
-                    );
-                    for k in a..b {
-                        let f = self.members[k] as usize;
-                        if !self.frozen[f] {
-                            self.freeze(f, s, l, rates);
-                            left -= 1;
-                        }
-                    }
-                    self.n[l as usize] = 0;
-                }
-                (None, Some(_)) => unreachable!("covered by the guard above"),
-            }
-        }
+        self.n[l as usize] = 0;
+        frozen
     }
 
     fn freeze(&mut self, f: usize, rate: f64, at: u32, rates: &mut [f64]) {
