@@ -34,7 +34,6 @@ fn numbers(row: &str) -> Vec<f64> {
         .collect()
 }
 
-/// Fails loudly without iperf3 (the reference of these benchmarks).
 /// Whether `ratio` (printed to 3 decimals) is a / b for values that printed (to 2
 /// decimals) as `a` and `b`: their rounding is allowed for, a wrong column is not.
 fn ratio_of_printed(a: f64, b: f64, ratio: f64) -> bool {
@@ -42,6 +41,7 @@ fn ratio_of_printed(a: f64, b: f64, ratio: f64) -> bool {
     b > 0.005 && (lo - 0.0006..=hi + 0.0006).contains(&ratio)
 }
 
+/// Fails loudly without iperf3 (the reference of these benchmarks).
 fn need_iperf3() {
     let have_iperf3 = std::process::Command::new("iperf3")
         .arg("--version")

@@ -298,6 +298,9 @@ async fn serve_flp(
     }
 }
 
+/// Bytes of STFs a connection's reader hands on before it lets other tasks run.
+const YIELD_AFTER_BYTES: u64 = 256 << 10;
+
 /// Reads STFs until the FLP closes the connection, or a newer connection of the same FLP
 /// proved itself (`replaced`: checked while reading, never while handing an STF on).
 async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
@@ -308,6 +311,7 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
 ) -> Result<(), DataError> {
     let max_body = (STF_HEADER_LEN as u64 + ctx.max_stf).min(u32::MAX as u64) as u32;
     let mut scratch = vec![0u8; 64 * 1024];
+    let mut unyielded = 0u64;
     let received = ctx.metrics.stf_counter("received", "received");
     let build = ctx.metrics.buffer_gauge("epn_build");
     while let Some((sh, n)) = unless(replaced, read_stf_header(rd, flp, ctx, max_body)).await? {
@@ -338,9 +342,15 @@ async fn read_stfs<R: tokio::io::AsyncRead + Unpin>(
             }
         };
         send(ctx, ev).await;
-        // Let the builder take this STF before the next is read: on one thread it would
-        // otherwise run only once the socket is drained, holding every STF read meanwhile.
-        tokio::task::yield_now().await;
+        // Let the builder take what was read before reading on: on one thread it would
+        // otherwise run only when the socket ran dry, the channel filled or tokio's budget
+        // ran out, holding dozens of STFs meanwhile. Not after every small STF: a yield
+        // with nothing else to run costs a poll of the driver (an epoll_wait).
+        unyielded += n as u64;
+        if unyielded >= YIELD_AFTER_BYTES {
+            unyielded = 0;
+            tokio::task::yield_now().await;
+        }
     }
     Ok(())
 }

@@ -238,7 +238,7 @@ impl Summary {
         let lost = ledger.issued - ledger.completed;
         let invariant_ok = invariant_ok(ledger, tally);
         let configured = cfg.configured_duration.map(|d| d.as_secs_f64());
-        let loss_pct = 100.0 * per(lost as f64, ledger.issued as f64);
+        let loss_pct = per(100.0 * lost as f64, ledger.issued as f64);
         let invalid_reason = invalid_reason(
             cfg,
             invariant_ok,
