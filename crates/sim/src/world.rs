@@ -119,6 +119,7 @@ fn network(cfg: &SimConfig) -> (Net, Vec<NodeId>, Vec<NodeId>) {
     (b.build(), lcm_nodes, pc_nodes)
 }
 
+/// The TCP senders' parameters: the configured MSS, minimum RTO and slow-start restart.
 fn tcp_params(cfg: &SimConfig) -> TcpParams {
     let min_rto = (cfg.min_rto_ms * MS as f64).round() as Time;
     TcpParams {

@@ -228,14 +228,8 @@ struct BuildSim<'a> {
 
 impl<'a> BuildSim<'a> {
     fn new(cfg: &'a BuildConfig) -> Self {
-        let mut net = Fluid::new();
-        let tree = FatTree::build(
-            &mut net,
-            cfg.k,
-            cfg.hosts_per_edge,
-            cfg.switch_mbps * 1e6,
-            cfg.host_mbps * 1e6,
-        );
+        let (net, tree) =
+            FatTree::network(cfg.k, cfg.hosts_per_edge, cfg.switch_mbps, cfg.host_mbps);
         let every = cfg.flp_every;
         let flps: Vec<u32> = (0..tree.hosts).filter(|h| h % every == 0).collect();
         let epns: Vec<u32> = (0..tree.hosts).filter(|h| h % every != 0).collect();
@@ -396,6 +390,8 @@ impl<'a> BuildSim<'a> {
         self.at_stop = Some((carried(&self.tree.core_up), carried(&self.tree.core_down)));
     }
 
+    /// The run's counts (checked against each other), latencies and core-link figures
+    /// over the issuing period, which ended at `stop`.
     fn summary(mut self, stop: Time) -> BuildSummary {
         let (cu, cd) = self.at_stop.take().unwrap_or_default();
         let secs = stop as f64 / SEC as f64;

@@ -341,14 +341,8 @@ struct FabricSim {
 
 impl FabricSim {
     fn new(cfg: &FabricConfig, pattern: Pattern) -> Self {
-        let mut net = Fluid::new();
-        let tree = FatTree::build(
-            &mut net,
-            cfg.k,
-            cfg.hosts_per_edge,
-            cfg.switch_mbps * 1e6,
-            cfg.host_mbps * 1e6,
-        );
+        let (net, tree) =
+            FatTree::network(cfg.k, cfg.hosts_per_edge, cfg.switch_mbps, cfg.host_mbps);
         let hosts = hosts(cfg, pattern, &tree);
         let ctl = cfg.hedera.map(|p| {
             let mut c =
@@ -378,12 +372,14 @@ impl FabricSim {
         }
     }
 
+    /// Host `h` starts its flow on its current path.
     fn start(&mut self, h: u32) {
         let s = &mut self.hosts[h as usize];
         let path = self.tree.path(h, s.dst, s.path);
         s.flow = Some(self.net.start(&path, s.rate_bps, f64::INFINITY, h as u64));
     }
 
+    /// Host `h` stops sending; the controller forgets its flow.
     fn stop(&mut self, h: u32) {
         if let Some(id) = self.hosts[h as usize].flow.take() {
             self.net.stop(id);

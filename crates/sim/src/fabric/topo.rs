@@ -27,6 +27,24 @@ pub struct FatTree {
 }
 
 impl FatTree {
+    /// A network holding only this fat tree; rates in Mbit/s.
+    pub fn network(
+        k: u32,
+        hosts_per_edge: u32,
+        switch_mbps: f64,
+        host_mbps: f64,
+    ) -> (Fluid, FatTree) {
+        let mut net = Fluid::new();
+        let tree = FatTree::build(
+            &mut net,
+            k,
+            hosts_per_edge,
+            switch_mbps * 1e6,
+            host_mbps * 1e6,
+        );
+        (net, tree)
+    }
+
     pub fn build(
         net: &mut Fluid,
         k: u32,
