@@ -244,6 +244,58 @@ pub fn simulate_file(path: &Path) -> anyhow::Result<usize> {
     Ok(n)
 }
 
+/// One scenario over its seeds, written to `dir`: its config, one CSV per seed, the
+/// mean and its table. The mean and the table.
+fn run_scenario(
+    sc: &Scenario,
+    dir: &Path,
+    repetitions: u32,
+    seed: Option<u64>,
+) -> anyhow::Result<(Mean, String)> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.toml"), toml::to_string(&sc.cfg)?)?;
+    let mut runs = Vec::new();
+    for (cfg, out) in simulate(sc, repetitions, seed)? {
+        std::fs::write(dir.join(format!("seed-{:02}.csv", cfg.seed)), out.csv())?;
+        runs.push(out);
+    }
+    let m = mean(&runs);
+    std::fs::write(dir.join("mean.csv"), csv_mean(&m))?;
+    let t = table(sc, &m, repetitions);
+    std::fs::write(dir.join("table.txt"), &t)?;
+    println!(
+        "[{}] {} seeds, {} Hedera moves per run on average",
+        sc.label,
+        runs.len(),
+        runs.iter().map(|r| r.moves).sum::<u64>() / runs.len() as u64
+    );
+    Ok((m, t))
+}
+
+/// Charts like the thesis's 1-4: per pattern, the level and the bisection bandwidth.
+fn charts(scenarios: &[Scenario], means: &[Mean], root: &Path) -> anyhow::Result<()> {
+    let mut patterns: Vec<String> = scenarios.iter().map(|s| s.cfg.pattern.clone()).collect();
+    patterns.sort();
+    patterns.dedup();
+    for p in &patterns {
+        let rows: Vec<(&Scenario, &Mean)> = scenarios
+            .iter()
+            .zip(means)
+            .filter(|(s, _)| &s.cfg.pattern == p)
+            .collect();
+        let slug = fanin_report::sanitize(p);
+        std::fs::write(
+            root.join(format!("level-{slug}.svg")),
+            chart(&format!("Core Link Load Balancing Level, {p}"), 0, &rows),
+        )?;
+        std::fs::write(
+            root.join(format!("bisection-{slug}.svg")),
+            chart(&format!("Bisection Bandwidth, {p}"), 2, &rows),
+        )?;
+    }
+    Ok(())
+}
+
 /// Runs the experiment: every scenario for seeds base..base+repetitions.
 pub fn run_file(
     path: &Path,
@@ -266,54 +318,13 @@ pub fn run_file(
     let wall = std::time::Instant::now();
     for sc in &exp.scenarios {
         let dir = root.join(fanin_report::sanitize(&sc.label));
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("config.toml"), toml::to_string(&sc.cfg)?)?;
-        let mut runs = Vec::new();
-        for (cfg, out) in simulate(sc, exp.repetitions, seed)? {
-            std::fs::write(dir.join(format!("seed-{:02}.csv", cfg.seed)), out.csv())?;
-            runs.push(out);
-        }
-        let m = mean(&runs);
-        std::fs::write(dir.join("mean.csv"), csv_mean(&m))?;
-        let t = table(sc, &m, exp.repetitions);
-        std::fs::write(dir.join("table.txt"), &t)?;
-        println!(
-            "[{}] {} seeds, {} Hedera moves per run on average",
-            sc.label,
-            runs.len(),
-            runs.iter().map(|r| r.moves).sum::<u64>() / runs.len() as u64
-        );
+        let (m, t) = run_scenario(sc, &dir, exp.repetitions, seed)?;
         let _ = writeln!(all_tables, "{t}");
         means.push(m);
     }
     println!("\n{all_tables}");
     std::fs::write(root.join("table.txt"), &all_tables)?;
-    // Charts like the thesis's 1-4: per pattern, the level and the bisection bandwidth.
-    let mut patterns: Vec<String> = exp
-        .scenarios
-        .iter()
-        .map(|s| s.cfg.pattern.clone())
-        .collect();
-    patterns.dedup();
-    patterns.sort();
-    patterns.dedup();
-    for p in &patterns {
-        let rows: Vec<(&Scenario, &Mean)> = exp
-            .scenarios
-            .iter()
-            .zip(&means)
-            .filter(|(s, _)| &s.cfg.pattern == p)
-            .collect();
-        let slug = fanin_report::sanitize(p);
-        std::fs::write(
-            root.join(format!("level-{slug}.svg")),
-            chart(&format!("Core Link Load Balancing Level, {p}"), 0, &rows),
-        )?;
-        std::fs::write(
-            root.join(format!("bisection-{slug}.svg")),
-            chart(&format!("Bisection Bandwidth, {p}"), 2, &rows),
-        )?;
-    }
+    charts(&exp.scenarios, &means, &root)?;
     println!(
         "results: {} ({:.1} s wall)",
         root.display(),
@@ -336,6 +347,45 @@ pub(super) fn build_config(
     Ok(cfg)
 }
 
+/// The build model's table: its columns, and one run's cells.
+const BUILD_HEAD: [&str; 13] = [
+    "run",
+    "policy",
+    "issued",
+    "completed",
+    "incompl.",
+    "dropped",
+    "level RX",
+    "level TX",
+    "bisection",
+    "TF p50 ms",
+    "p99 ms",
+    "Hedera moves",
+    "invariant",
+];
+
+fn build_cells(
+    label: &str,
+    p: fanin_sched::PolicyKind,
+    s: &crate::fabric::build::BuildSummary,
+) -> Vec<String> {
+    vec![
+        label.to_string(),
+        p.name().into(),
+        s.issued.to_string(),
+        s.completed.to_string(),
+        s.incomplete.to_string(),
+        s.dropped.to_string(),
+        num(s.level_rx, 2),
+        num(s.level_tx, 2),
+        format!("{:.3}", s.bisection),
+        format!("{:.1}", s.latency_p50_s * 1e3),
+        format!("{:.1}", s.latency_p99_s * 1e3),
+        s.moves.to_string(),
+        if s.invariant_ok { "ok" } else { "VIOLATED" }.into(),
+    ]
+}
+
 /// Runs a `[build]` file: every `[[run]]` row (routing, Hedera, load...) with every
 /// policy in `crates/sched` (or `policies = [...]`), one table row each.
 pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::Result<()> {
@@ -355,23 +405,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
         root.display()
     );
-    let mut cells = vec![[
-        "run",
-        "policy",
-        "issued",
-        "completed",
-        "incompl.",
-        "dropped",
-        "level RX",
-        "level TX",
-        "bisection",
-        "TF p50 ms",
-        "p99 ms",
-        "Hedera moves",
-        "invariant",
-    ]
-    .map(String::from)
-    .to_vec()];
+    let mut cells = vec![BUILD_HEAD.map(String::from).to_vec()];
     let mut ok = true;
     for row in rows {
         let (label, t) = (row.label, row.merged);
@@ -387,21 +421,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
                 serde_json::to_string_pretty(&s)? + "\n",
             )?;
             ok &= s.invariant_ok;
-            cells.push(vec![
-                label.clone(),
-                p.name().into(),
-                s.issued.to_string(),
-                s.completed.to_string(),
-                s.incomplete.to_string(),
-                s.dropped.to_string(),
-                num(s.level_rx, 2),
-                num(s.level_tx, 2),
-                format!("{:.3}", s.bisection),
-                format!("{:.1}", s.latency_p50_s * 1e3),
-                format!("{:.1}", s.latency_p99_s * 1e3),
-                s.moves.to_string(),
-                if s.invariant_ok { "ok" } else { "VIOLATED" }.into(),
-            ]);
+            cells.push(build_cells(&label, p, &s));
         }
     }
     let table = fanin_report::align(&cells);

@@ -108,7 +108,18 @@ pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSu
         serde_json::to_string_pretty(&s)? + "\n",
     )?;
     std::fs::write(dir.join("summary.txt"), s.line() + "\n")?;
-    // Per slice: fragments sent, arrived, and the largest network delay.
+    std::fs::write(dir.join("slices.csv"), slices_csv(&w))?;
+    if fragments_csv {
+        write_fragments(&w, &dir.join("fragments.csv"))?;
+    }
+    std::fs::write(dir.join("delay.svg"), delay_plot(&w, &r.label))?;
+    Ok(s)
+}
+
+/// slices.csv: per slice, its PC, the fragments produced and arrived, the largest
+/// network delay, and whether it is complete.
+fn slices_csv(w: &crate::World) -> String {
+    // Per slice: fragments produced, arrived, the largest network delay, its PC.
     let mut rows = vec![(0u64, 0u64, 0u64, 0u32); w.slices() as usize];
     for f in &w.frags {
         let row = &mut rows[f.slice as usize];
@@ -131,46 +142,47 @@ pub fn run_one(r: &Run, dir: &Path, fragments_csv: bool) -> anyhow::Result<SimSu
             sent == arrived
         );
     }
-    std::fs::write(dir.join("slices.csv"), csv)?;
-    if fragments_csv {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(dir.join("fragments.csv"))?);
-        use std::io::Write;
+    csv
+}
+
+/// fragments.csv: one row per fragment (large at full scale, so streamed to `path`).
+fn write_fragments(w: &crate::World, path: &Path) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(
+        out,
+        "slice,sender,pc,bytes,suppressed,sent_s,arrived_s,delay_s,retransmitted_segments,lost"
+    )?;
+    let t = |v: u64| {
+        if v == NEVER {
+            String::new()
+        } else {
+            format!("{:.9}", v as f64 / 1e9)
+        }
+    };
+    for f in &w.frags {
+        let delay = if f.sent != NEVER && f.arrived != NEVER {
+            t(f.arrived - f.sent)
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "slice,sender,pc,bytes,suppressed,sent_s,arrived_s,delay_s,retransmitted_segments,lost"
+            "{},{},{},{},{},{},{},{},{},{}",
+            f.slice,
+            f.sender,
+            f.dst,
+            f.bytes,
+            f.suppressed,
+            t(f.sent),
+            t(f.arrived),
+            delay,
+            f.retx,
+            !f.suppressed && f.arrived == NEVER
         )?;
-        let t = |v: u64| {
-            if v == NEVER {
-                String::new()
-            } else {
-                format!("{:.9}", v as f64 / 1e9)
-            }
-        };
-        for f in &w.frags {
-            let delay = if f.sent != NEVER && f.arrived != NEVER {
-                t(f.arrived - f.sent)
-            } else {
-                String::new()
-            };
-            writeln!(
-                out,
-                "{},{},{},{},{},{},{},{},{},{}",
-                f.slice,
-                f.sender,
-                f.dst,
-                f.bytes,
-                f.suppressed,
-                t(f.sent),
-                t(f.arrived),
-                delay,
-                f.retx,
-                !f.suppressed && f.arrived == NEVER
-            )?;
-        }
-        out.flush()?;
     }
-    std::fs::write(dir.join("delay.svg"), delay_plot(&w, &r.label))?;
-    Ok(s)
+    out.flush()?;
+    Ok(())
 }
 
 /// Network delay of every fragment against its slice, like the thesis's Figures 4.1-4.2.

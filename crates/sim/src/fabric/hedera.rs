@@ -62,71 +62,81 @@ pub fn estimate_demands(hosts: u32, flows: &[(u32, u32)]) -> Vec<f64> {
         let before = demand.clone();
         let before_conv = conv.clone();
         for fs in &by_src {
-            let (mut df, mut nu) = (0.0, 0usize);
-            for &f in fs {
-                if conv[f] {
-                    df += demand[f];
-                } else {
-                    nu += 1;
-                }
-            }
-            if nu > 0 {
-                let es = ((1.0 - df) / nu as f64).max(0.0);
-                for &f in fs {
-                    if !conv[f] {
-                        demand[f] = es;
-                    }
-                }
-            }
+            sender_shares(fs, &mut demand, &conv);
         }
-        for fs in &by_dst {
-            if fs.is_empty() {
-                continue;
-            }
-            let mut dt = 0.0;
-            for &f in fs {
-                rl[f] = true;
-                dt += demand[f];
-            }
-            if dt <= 1.0 + 1e-12 {
-                continue;
-            }
-            let mut es = 1.0 / fs.len() as f64;
-            let mut ds = 0.0;
-            loop {
-                let mut changed = false;
-                let mut nr = 0usize;
-                for &f in fs {
-                    if !rl[f] {
-                        continue;
-                    }
-                    if demand[f] < es {
-                        ds += demand[f];
-                        rl[f] = false;
-                        changed = true;
-                    } else {
-                        nr += 1;
-                    }
-                }
-                if nr > 0 {
-                    es = (1.0 - ds) / nr as f64;
-                }
-                if !changed {
-                    break;
-                }
-            }
-            for &f in fs {
-                if rl[f] {
-                    demand[f] = es;
-                    conv[f] = true;
-                }
-            }
+        for fs in by_dst.iter().filter(|fs| !fs.is_empty()) {
+            receiver_caps(fs, &mut demand, &mut conv, &mut rl);
         }
         if demand == before && conv == before_conv {
             break;
         }
     }
     demand
+}
+
+/// One sender's flows `fs`: the unconverged ones split equally what the converged
+/// ones leave of its NIC.
+fn sender_shares(fs: &[usize], demand: &mut [f64], conv: &[bool]) {
+    let (mut df, mut nu) = (0.0, 0usize);
+    for &f in fs {
+        if conv[f] {
+            df += demand[f];
+        } else {
+            nu += 1;
+        }
+    }
+    if nu > 0 {
+        let es = ((1.0 - df) / nu as f64).max(0.0);
+        for &f in fs {
+            if !conv[f] {
+                demand[f] = es;
+            }
+        }
+    }
+}
+
+/// One receiver's flows `fs`, if they over-subscribe its NIC: its receiver-limited
+/// flows (`rl`) are capped at an equal share of what the smaller flows leave, and
+/// converge there.
+fn receiver_caps(fs: &[usize], demand: &mut [f64], conv: &mut [bool], rl: &mut [bool]) {
+    let mut dt = 0.0;
+    for &f in fs {
+        rl[f] = true;
+        dt += demand[f];
+    }
+    if dt <= 1.0 + 1e-12 {
+        return;
+    }
+    let mut es = 1.0 / fs.len() as f64;
+    let mut ds = 0.0;
+    loop {
+        let mut changed = false;
+        let mut nr = 0usize;
+        for &f in fs {
+            if !rl[f] {
+                continue;
+            }
+            if demand[f] < es {
+                ds += demand[f];
+                rl[f] = false;
+                changed = true;
+            } else {
+                nr += 1;
+            }
+        }
+        if nr > 0 {
+            es = (1.0 - ds) / nr as f64;
+        }
+        if !changed {
+            break;
+        }
+    }
+    for &f in fs {
+        if rl[f] {
+            demand[f] = es;
+            conv[f] = true;
+        }
+    }
 }
 
 /// A flow as the controller sees it in one round.
