@@ -347,14 +347,8 @@ pub(super) fn build_config(
     Ok(cfg)
 }
 
-/// The build model's table: its columns, and one run's cells.
-const BUILD_HEAD: [&str; 13] = [
-    "run",
-    "policy",
-    "issued",
-    "completed",
-    "incompl.",
-    "dropped",
+/// The build model's table: its columns after the counts, and one run's cells.
+const BUILD_HEAD: [&str; 7] = [
     "level RX",
     "level TX",
     "bisection",
@@ -405,7 +399,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
         root.display()
     );
-    let mut cells = vec![BUILD_HEAD.map(String::from).to_vec()];
+    let mut cells = vec![super::head_with(&BUILD_HEAD)];
     let mut ok = true;
     for row in rows {
         let (label, t) = (row.label, row.merged);

@@ -69,13 +69,7 @@ fn reasons(m: &std::collections::BTreeMap<String, u64>) -> String {
 }
 
 fn table(rows: &[(String, AliceSummary, f64)]) -> String {
-    let mut cells = vec![[
-        "run",
-        "policy",
-        "issued",
-        "completed",
-        "incompl.",
-        "dropped",
+    let mut cells = vec![super::head_with(&[
         "reasons",
         "lat p50 s",
         "p99 s",
@@ -89,9 +83,7 @@ fn table(rows: &[(String, AliceSummary, f64)]) -> String {
         "fails",
         "invariant",
         "wall s",
-    ]
-    .map(String::from)
-    .to_vec()];
+    ])];
     for (label, s, wall) in rows {
         cells.push(vec![
             label.clone(),

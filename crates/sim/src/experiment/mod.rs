@@ -147,6 +147,25 @@ fn policy_rows(path: &Path, key: &str) -> anyhow::Result<PolicyRows> {
     })
 }
 
+/// The first columns of every policy sweep's table: the row, the policy, the counts.
+pub(super) const COUNT_COLUMNS: [&str; 6] = [
+    "run",
+    "policy",
+    "issued",
+    "completed",
+    "incompl.",
+    "dropped",
+];
+
+/// A table's header row: the count columns, then `rest`.
+pub(super) fn head_with(rest: &[&str]) -> Vec<String> {
+    COUNT_COLUMNS
+        .iter()
+        .chain(rest)
+        .map(|c| c.to_string())
+        .collect()
+}
+
 /// The directory name of row `label` run with policy `p` (flow and build files).
 pub(super) fn policy_dir(label: &str, p: fanin_sched::PolicyKind) -> String {
     format!("{}-{}", fanin_report::sanitize(label), p.name())
