@@ -167,18 +167,21 @@ pub fn run(a: SimArgs, check: bool) -> anyhow::Result<()> {
             tracing::subscriber::with_default(quiet, || nodes::run_file(f, &a.results))?;
             Ok(())
         }
-        (Model::Flow, f) => {
-            let exp = match f {
-                Some(f) => flow::load(f)?,
-                None => flow::from_preset(a.preset.as_deref().unwrap_or("alice-2016")),
-            };
-            flow::run_experiment(exp, &a.results, &a.only, a.seed, a.duration)
+        (Model::Flow, _) => {
+            flow::run_experiment(flow_experiment(&a)?, &a.results, &[], a.seed, a.duration)
         }
         _ => run_packet(&a),
     }
 }
 
 fn run_packet(a: &SimArgs) -> anyhow::Result<()> {
+    let exp = packet_experiment(a)?;
+    packet::run_experiment(&exp, &a.results, a.fragments_csv)
+}
+
+/// The packet model's runs as they will run: the file's `--only` rows or the preset,
+/// with the flags applied, each checked.
+fn packet_experiment(a: &SimArgs) -> anyhow::Result<packet::SimExperiment> {
     let mut exp = match &a.file {
         Some(p) => packet::load(p)?,
         None => packet::single(SimConfig {
@@ -195,23 +198,31 @@ fn run_packet(a: &SimArgs) -> anyhow::Result<()> {
             .resolve()
             .map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
     }
-    packet::run_experiment(&exp, &a.results, a.fragments_csv)
+    Ok(exp)
 }
 
-/// `fanin --check sim ...`: loads and checks the file or preset, runs nothing.
+/// The flow model's file or preset, as it will run (`--only`, `--seed`, `--duration`).
+fn flow_experiment(a: &SimArgs) -> anyhow::Result<flow::AliceExperiment> {
+    let mut exp = match &a.file {
+        Some(f) => flow::load(f)?,
+        None => flow::from_preset(a.preset.as_deref().unwrap_or("alice-2016")),
+    };
+    fanin_sim::experiment::keep_only(&mut exp.runs, &a.only, |r| &r.label)?;
+    flow::check_all(&exp, a.seed, a.duration)?;
+    Ok(exp)
+}
+
+/// `fanin --check sim ...`: loads and checks the file or preset as it would run (with
+/// the flags that apply to it), runs nothing.
 fn check_only(a: &SimArgs, model: Model) -> anyhow::Result<()> {
-    let rows = match &a.file {
-        Some(f) => fanin_sim::experiment::check(f, &a.only)?.1,
-        None if model == Model::Packet => {
-            let mut cfg = SimConfig {
-                preset: Some("antares-sector".into()),
-                ..SimConfig::default()
-            };
-            a.apply(&mut cfg);
-            cfg.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
-            1
+    let rows = match (model, &a.file) {
+        (Model::Packet, _) => packet_experiment(a)?.runs.len(),
+        (Model::Flow, _) => {
+            let exp = flow_experiment(a)?;
+            exp.runs.len() * exp.policies.len()
         }
-        None => 1,
+        (_, Some(f)) => fanin_sim::experiment::check(f, &a.only)?.1,
+        (_, None) => 1,
     };
     println!("ok: {} model, {rows} row(s)", model.name());
     Ok(())

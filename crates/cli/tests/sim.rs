@@ -233,13 +233,51 @@ fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
     }
 }
 
+/// `fanin --check sim` checks a file as it would run, with the flags that apply to it:
+/// a `--duration` the flow or packet model cannot go through fails the check, not only
+/// the run.
+#[test]
+fn the_check_applies_the_flags_a_run_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let flow = "model = \"flow\"\npolicies = [\"round-robin\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n";
+    let packet = "model = \"packet\"\n[sim]\npreset = \"antares-sector\"\nduration_s = 1\n[[run]]\nlabel = \"a\"\n";
+    for (text, flags, field) in [
+        (flow, ["--duration", "1e12"], "duration_s"),
+        (flow, ["--seed", "18446744073709551615"], "seed"),
+        (packet, ["--duration", "1e7"], "duration_s"),
+    ] {
+        let exp = dir.path().join("exp.toml");
+        std::fs::write(&exp, text).unwrap();
+        let results = dir.path().join("results");
+        let (fine, err) = sim_with(&exp, &results, true, &[]);
+        assert!(fine, "{text}: {err}");
+        for check in [true, false] {
+            let (ran, err) = sim_with(&exp, &results, check, &flags);
+            assert!(!ran, "{flags:?} {text}");
+            assert_eq!(err.trim().lines().count(), 1, "{flags:?}: {err}");
+            assert!(err.contains(field), "{flags:?}: {err}");
+            assert!(!results.exists(), "{flags:?}: nothing ran");
+        }
+    }
+}
+
 /// `fanin [--check] sim EXP --results RESULTS`: whether it succeeded, and its stderr.
 fn sim(exp: &Path, results: &Path, check: bool) -> (bool, String) {
+    sim_with(exp, results, check, &[])
+}
+
+/// The same with more flags.
+fn sim_with(exp: &Path, results: &Path, check: bool, flags: &[&str]) -> (bool, String) {
     let mut cmd = fanin();
     if check {
         cmd.arg("--check");
     }
-    let out = cmd.arg("sim").arg(exp).arg("--results").arg(results);
+    let out = cmd
+        .arg("sim")
+        .arg(exp)
+        .args(flags)
+        .arg("--results")
+        .arg(results);
     let out = out.output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     (out.status.success(), err)

@@ -140,7 +140,7 @@ fn configured(
 
 /// Every run checked before the first: nothing runs, nothing is written, when one
 /// cannot.
-fn check_all(
+pub fn check_all(
     exp: &AliceExperiment,
     seed: Option<u64>,
     duration: Option<f64>,
