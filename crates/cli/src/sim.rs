@@ -168,7 +168,7 @@ pub fn run(a: SimArgs, check: bool) -> anyhow::Result<()> {
             Ok(())
         }
         (Model::Flow, _) => {
-            flow::run_experiment(flow_experiment(&a)?, &a.results, &[], a.seed, a.duration)
+            flow::run_experiment(flow_experiment(&a)?, &a.results, a.seed, a.duration)
         }
         _ => run_packet(&a),
     }

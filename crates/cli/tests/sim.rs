@@ -233,9 +233,9 @@ fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
     }
 }
 
-/// `fanin --check sim` checks a file as it would run, with the flags that apply to it:
-/// a `--duration` the flow or packet model cannot go through fails the check, not only
-/// the run.
+/// `fanin --check sim` checks a file or preset as it would run, with the flags that apply
+/// to it: a `--duration` or packet flag the model cannot go through fails the check, not
+/// only the run.
 #[test]
 fn the_check_applies_the_flags_a_run_would() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,8 +243,8 @@ fn the_check_applies_the_flags_a_run_would() {
     let packet = "model = \"packet\"\n[sim]\npreset = \"antares-sector\"\nduration_s = 1\n[[run]]\nlabel = \"a\"\n";
     for (text, flags, field) in [
         (flow, ["--duration", "1e12"], "duration_s"),
-        (flow, ["--seed", "18446744073709551615"], "seed"),
         (packet, ["--duration", "1e7"], "duration_s"),
+        (packet, ["--jitter-us", "1e8"], "jitter_us"),
     ] {
         let exp = dir.path().join("exp.toml");
         std::fs::write(&exp, text).unwrap();
@@ -259,6 +259,21 @@ fn the_check_applies_the_flags_a_run_would() {
             assert!(!results.exists(), "{flags:?}: nothing ran");
         }
     }
+    // A preset too: the flow model's ran unchecked by --check.
+    let out = fanin()
+        .args([
+            "--check",
+            "sim",
+            "--preset",
+            "alice-2016",
+            "--duration",
+            "1e12",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("duration_s"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 /// `fanin [--check] sim EXP --results RESULTS`: whether it succeeded, and its stderr.

@@ -347,7 +347,7 @@ pub(super) fn build_config(
     Ok(cfg)
 }
 
-/// The build model's table: its columns after the counts, and one run's cells.
+/// The build model's table columns after the counts.
 const BUILD_HEAD: [&str; 7] = [
     "level RX",
     "level TX",
@@ -358,6 +358,7 @@ const BUILD_HEAD: [&str; 7] = [
     "invariant",
 ];
 
+/// One run and policy's row of the build table.
 fn build_cells(
     label: &str,
     p: fanin_sched::PolicyKind,

@@ -213,14 +213,14 @@ fn csv(rows: &[(String, AliceSummary, f64)]) -> String {
     csv
 }
 
+/// Runs every row of `exp` (already cut to `--only`) with every policy, after checking
+/// them all with `seed` and `duration` applied.
 pub fn run_experiment(
-    mut exp: AliceExperiment,
+    exp: AliceExperiment,
     results: &Path,
-    only: &[String],
     seed: Option<u64>,
     duration: Option<f64>,
 ) -> anyhow::Result<()> {
-    super::keep_only(&mut exp.runs, only, |r| &r.label)?;
     check_all(&exp, seed, duration)?;
     let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(

@@ -186,7 +186,9 @@ pub fn keep_only<T>(
 }
 
 /// Loads a simulation file and its `--only` rows, checking what it can without running
-/// anything (`fanin --check sim FILE`): its model and the number of table rows.
+/// anything: its model and the number of table rows. The file as written, without
+/// other flags: `fanin --check sim` uses it for the fabric, build and nodes models (no
+/// other flag applies to them) and checks flow and packet files as they would run.
 pub fn check(path: &Path, only: &[String]) -> anyhow::Result<(Model, usize)> {
     let model = model_of(path)?;
     let rows = match model {
