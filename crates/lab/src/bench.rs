@@ -248,14 +248,7 @@ async fn iperf3(seconds: f64) -> anyhow::Result<f64> {
 }
 
 async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
-    let mut cases = Vec::new();
-    for c in &a.cases {
-        let (f, e) = c
-            .split_once('x')
-            .and_then(|(f, e)| Some((f.parse::<u32>().ok()?, e.parse::<u32>().ok()?)))
-            .ok_or_else(|| anyhow::anyhow!("--cases: {c:?} is not FLPSxEPNS (e.g. 2x4)"))?;
-        cases.push((f, e));
-    }
+    let cases = parse_cases(&a.cases)?;
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
     println!(
         "fanin bench throughput: {} s per measurement, STF size {}, {} interleaved repetitions, medians",
@@ -271,21 +264,7 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
         println!("[{}] iperf3 single stream, loopback: {g:.2} Gbit/s", r + 1);
         reference.push(g);
         for (i, &(flps, epns)) in cases.iter().enumerate() {
-            let cfg = RunConfig {
-                flps,
-                epns,
-                rate_hz: 0.0,
-                tfs: None,
-                duration_s: Some(a.seconds),
-                stf_size: a.stf_size.clone(),
-                crc: false,
-                // Measure the transport, not time-outs: a generous build time-out.
-                build_timeout_ms: 10_000,
-                max_inflight: 16 * epns as u64,
-                flp_buffer: fanin_node::config::ByteSize(1 << 30),
-                epn_buffer: fanin_node::config::ByteSize(2 << 30),
-                ..RunConfig::default()
-            };
+            let cfg = throughput_config(&a, flps, epns);
             let dir = root.join(format!("{flps}x{epns}-r{}", r + 1));
             let s = crate::cluster::run_one(&cfg, &dir, &format!("fanin {flps}->{epns}")).await?;
             anyhow::ensure!(
@@ -302,7 +281,53 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
             fanin[i].push((s.goodput_gbps, s.loss_pct));
         }
     }
-    let iperf = median(reference.clone());
+    let lines = throughput_lines(&cases, &fanin, &reference);
+    std::fs::create_dir_all(&root)?;
+    std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
+    println!("\n{}", lines.join("\n"));
+    println!("results: {}", root.display());
+    Ok(())
+}
+
+/// `--cases`: FLPSxEPNS each (e.g. 2x4).
+fn parse_cases(cases: &[String]) -> anyhow::Result<Vec<(u32, u32)>> {
+    cases
+        .iter()
+        .map(|c| {
+            c.split_once('x')
+                .and_then(|(f, e)| Some((f.parse::<u32>().ok()?, e.parse::<u32>().ok()?)))
+                .ok_or_else(|| anyhow::anyhow!("--cases: {c:?} is not FLPSxEPNS (e.g. 2x4)"))
+        })
+        .collect()
+}
+
+/// One unthrottled case of `flps` FLPs and `epns` EPNs for `--seconds`.
+fn throughput_config(a: &ThroughputArgs, flps: u32, epns: u32) -> RunConfig {
+    RunConfig {
+        flps,
+        epns,
+        rate_hz: 0.0,
+        tfs: None,
+        duration_s: Some(a.seconds),
+        stf_size: a.stf_size.clone(),
+        crc: false,
+        // Measure the transport, not time-outs: a generous build time-out.
+        build_timeout_ms: 10_000,
+        max_inflight: 16 * epns as u64,
+        flp_buffer: fanin_node::config::ByteSize(1 << 30),
+        epn_buffer: fanin_node::config::ByteSize(2 << 30),
+        ..RunConfig::default()
+    }
+}
+
+/// The table: per case, the median iperf3 and fanin goodput, their ratio, the worst
+/// loss and every fanin run; then every iperf3 run.
+fn throughput_lines(
+    cases: &[(u32, u32)],
+    fanin: &[Vec<(f64, f64)>],
+    reference: &[f64],
+) -> Vec<String> {
+    let iperf = median(reference.to_vec());
     let mut lines = vec![format!(
         "{:<10} {:>14} {:>14} {:>8} {:>8}   {}",
         "FLPs->EPNs", "iperf3 Gbit/s", "fanin Gbit/s", "ratio", "loss %", "each fanin run (Gbit/s)"
@@ -323,11 +348,7 @@ async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
     }
     let all_ref: Vec<String> = reference.iter().map(|g| format!("{g:.2}")).collect();
     lines.push(format!("each iperf3 run (Gbit/s): {}", all_ref.join(" ")));
-    std::fs::create_dir_all(&root)?;
-    std::fs::write(root.join("bench.txt"), lines.join("\n") + "\n")?;
-    println!("\n{}", lines.join("\n"));
-    println!("results: {}", root.display());
-    Ok(())
+    lines
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
