@@ -221,7 +221,7 @@ fn check_only(a: &SimArgs, model: Model) -> anyhow::Result<()> {
             let exp = flow_experiment(a)?;
             exp.runs.len() * exp.policies.len()
         }
-        (_, Some(f)) => fanin_sim::experiment::check(f, &a.only)?.1,
+        (m, Some(f)) => fanin_sim::experiment::check_file(f, m, &a.only)?,
         (_, None) => 1,
     };
     println!("ok: {} model, {rows} row(s)", model.name());

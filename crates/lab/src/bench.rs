@@ -201,19 +201,10 @@ fn sim_speed(a: SimBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A free loopback port for a server the bench starts, below the ephemeral range: a
-/// port the system hands out (`:0`) is free only until some `connect` takes it as its
-/// own, which other programs' loopback connections do while the server starts.
+/// A free loopback port for a server the benches start (the tests' own servers take
+/// theirs from 20000 up).
 pub fn free_port() -> anyhow::Result<u16> {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    for _ in 0..8000 {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = 12_000 + (std::process::id().wrapping_mul(37).wrapping_add(n) % 8000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("no free loopback port in 12000..20000")
+    crate::ports::free_loopback_port(12_000..20_000)
 }
 
 /// iperf3 single stream over loopback; returns received Gbit/s.

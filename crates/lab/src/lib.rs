@@ -18,6 +18,7 @@ pub mod node_plan;
 pub mod orchestrate;
 pub mod overrides;
 pub mod plot;
+pub mod ports;
 pub mod process;
 pub mod run_report;
 pub mod table;

@@ -7,7 +7,7 @@ pub mod session;
 
 use fanin_lab::cluster::IcnLine;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -76,17 +76,11 @@ impl Proc {
     }
 }
 
-/// A port no one listens on, below the kernel's ephemeral range (32768 and up), so that
-/// no outgoing connection (a node retrying its ICN) takes it before a node binds it.
+/// A port no one listens on, below the kernel's ephemeral range, so that no outgoing
+/// connection (a node retrying its ICN) takes it before a node binds it (the benches
+/// take theirs below 20000).
 pub fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    loop {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = 20_000 + (std::process::id().wrapping_mul(37).wrapping_add(n) % 12_000);
-        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
-            return port as u16;
-        }
-    }
+    fanin_lab::ports::free_loopback_port(20_000..32_000).expect("a free port")
 }
 
 /// A running ICN with its control and metrics addresses and its stdout lines.

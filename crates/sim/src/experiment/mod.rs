@@ -185,28 +185,14 @@ pub fn keep_only<T>(
     Ok(())
 }
 
-/// Loads a simulation file and its `--only` rows, checking what it can without running
-/// anything: its model and the number of table rows. The file as written, without
-/// other flags: `fanin --check sim` uses it for the fabric, build and nodes models (no
-/// other flag applies to them) and checks flow and packet files as they would run.
-pub fn check(path: &Path, only: &[String]) -> anyhow::Result<(Model, usize)> {
-    let model = model_of(path)?;
+/// Loads a fabric, build or nodes file of `model` and its `--only` rows, checking what it
+/// can without running anything: the number of table rows. No flag changes these
+/// models' runs; packet and flow files are checked as they run, with the flags applied
+/// (`fanin --check sim`), so they are refused here.
+pub fn check_file(path: &Path, model: Model, only: &[String]) -> anyhow::Result<usize> {
     let rows = match model {
-        Model::Packet => {
-            let mut e = packet::load(path)?;
-            keep_only(&mut e.runs, only, |r| &r.label)?;
-            for r in &e.runs {
-                r.cfg
-                    .clone()
-                    .resolve()
-                    .map_err(|e| anyhow::anyhow!("run {}: {e}", r.label))?;
-            }
-            e.runs.len()
-        }
-        Model::Flow => {
-            let mut e = flow::load(path)?;
-            keep_only(&mut e.runs, only, |r| &r.label)?;
-            e.runs.len() * e.policies.len()
+        Model::Packet | Model::Flow => {
+            anyhow::bail!("{} files are checked with their run's flags", model.name())
         }
         Model::Fabric => {
             let mut e = fabric::load(path)?;
@@ -226,7 +212,7 @@ pub fn check(path: &Path, only: &[String]) -> anyhow::Result<(Model, usize)> {
             1
         }
     };
-    Ok((model, rows))
+    Ok(rows)
 }
 
 /// Which model the file at `path` is for: its `model` key, or its one model table.
