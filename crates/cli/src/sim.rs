@@ -50,7 +50,7 @@ pub struct SimArgs {
     /// Seed of every random draw: the same seed gives the same files, byte for byte
     /// (at most 2^62: a seed plus its repetitions is written to TOML, whose integers are
     /// signed 64-bit).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(..=(1u64 << 62)))]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(..=fanin_sim::MAX_SEED))]
     pub seed: Option<u64>,
     /// Run only the rows with these labels (comma separated).
     #[arg(long, value_delimiter = ',')]

@@ -244,17 +244,8 @@ pub fn print_runs(rows: &[RunRow]) {
 pub fn from_csv(text: &str) -> anyhow::Result<Vec<RunRow>> {
     let mut rows = Vec::new();
     for (n, line) in text.lines().enumerate().skip(1) {
-        // The label and the size are quoted and may hold commas.
-        let mut f: Vec<String> = Vec::new();
-        let (mut cur, mut quoted) = (String::new(), false);
-        for ch in line.chars() {
-            match ch {
-                '"' => quoted = !quoted,
-                ',' if !quoted => f.push(std::mem::take(&mut cur)),
-                c => cur.push(c),
-            }
-        }
-        f.push(cur);
+        // The label and the size are quoted and may hold commas and quotes.
+        let f = fanin_report::csv_fields(line);
         anyhow::ensure!(
             f.len() >= 20,
             "table.csv line {}: {} columns, expected 20",
@@ -298,14 +289,13 @@ pub fn from_csv(text: &str) -> anyhow::Result<Vec<RunRow>> {
 pub fn csv(rows: &[RunRow]) -> String {
     let mut out = String::from("label,flps,epns,stf_size,rate_hz,runs,issued,completed,lost,loss_pct,incomplete,dropped,split,goodput_gbps,latency_p50_ms,latency_p99_ms,latency_max_ms,valid_runs,invariant_ok,published_loss_pct\n");
     for r in rows {
-        let _ =
-            writeln!(
+        let _ = writeln!(
             out,
-            "\"{}\",{},{},\"{}\",{},{},{},{},{},{:.4},{},{},{},{:.4},{:.3},{:.3},{:.3},{},{},{}",
-            r.label.replace('"', "\"\""), // a quote is doubled (RFC 4180)
+            "{},{},{},{},{},{},{},{},{},{:.4},{},{},{},{:.4},{:.3},{:.3},{:.3},{},{},{}",
+            fanin_report::csv_quoted(&r.label),
             r.flps,
             r.epns,
-            r.stf_size.to_string().replace('"', "\"\""),
+            fanin_report::csv_quoted(&r.stf_size),
             r.rate_hz,
             r.runs,
             r.issued,
@@ -321,7 +311,9 @@ pub fn csv(rows: &[RunRow]) -> String {
             r.max,
             r.valid,
             r.invariant_ok,
-            r.published_loss_pct.map(|p| p.to_string()).unwrap_or_default()
+            r.published_loss_pct
+                .map(|p| p.to_string())
+                .unwrap_or_default()
         );
     }
     out

@@ -10,4 +10,4 @@ pub mod text;
 
 pub use dir::{experiment_root, row_dir, sanitize, timestamp};
 pub use stats::{median, percentile};
-pub use text::align;
+pub use text::{align, csv_fields, csv_quoted};

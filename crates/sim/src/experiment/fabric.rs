@@ -334,7 +334,17 @@ pub fn run_file(
 }
 
 /// Row `label`'s build configuration, checked (its policy is set per run).
-pub(super) fn build_config(
+/// Every row's config, each checked, in order: a bad last row fails before any runs.
+pub(super) fn build_configs(
+    rows: &[fanin_report::doc::Row],
+    origin: &str,
+) -> anyhow::Result<Vec<crate::fabric::build::BuildConfig>> {
+    rows.iter()
+        .map(|r| build_config(&r.label, &r.merged, origin))
+        .collect()
+}
+
+fn build_config(
     label: &str,
     t: &toml::Table,
     origin: &str,
@@ -392,9 +402,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
         mut rows,
     } = super::policy_rows(path, "build")?;
     super::keep_only(&mut rows, only, |r| &r.label)?;
-    // Every row checked before the first runs: a bad last row fails at once.
-    rows.iter()
-        .try_for_each(|r| build_config(&r.label, &r.merged, &origin).map(drop))?;
+    let configs = build_configs(&rows, &origin)?;
     let root = fanin_report::experiment_root(results, "sim", &name)?;
     println!(
         "fanin sim: {name:?}, event building over a fat tree; results in {}",
@@ -402,13 +410,13 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
     );
     let mut cells = vec![super::head_with(&BUILD_HEAD)];
     let mut ok = true;
-    for row in rows {
-        let (label, t) = (row.label, row.merged);
+    for (row, base) in rows.iter().zip(&configs) {
+        let label = &row.label;
         for &p in &policies {
-            let mut cfg = build_config(&label, &t, &origin)?;
+            let mut cfg = base.clone();
             cfg.policy = p;
             let s = build(&cfg).map_err(|e| anyhow::anyhow!("run {label}: {e}"))?;
-            let dir = root.join(super::policy_dir(&label, p));
+            let dir = root.join(super::policy_dir(label, p));
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("config.toml"), toml::to_string(&cfg)?)?;
             std::fs::write(
@@ -416,7 +424,7 @@ pub fn run_build_file(path: &Path, results: &Path, only: &[String]) -> anyhow::R
                 serde_json::to_string_pretty(&s)? + "\n",
             )?;
             ok &= s.invariant_ok;
-            cells.push(build_cells(&label, p, &s));
+            cells.push(build_cells(label, p, &s));
         }
     }
     let table = fanin_report::align(&cells);

@@ -202,10 +202,7 @@ pub fn check_file(path: &Path, model: Model, only: &[String]) -> anyhow::Result<
         Model::Build => {
             let mut r = policy_rows(path, "build")?;
             keep_only(&mut r.rows, only, |r| &r.label)?;
-            for row in &r.rows {
-                fabric::build_config(&row.label, &row.merged, &r.origin)?;
-            }
-            r.rows.len() * r.policies.len()
+            fabric::build_configs(&r.rows, &r.origin)?.len() * r.policies.len()
         }
         Model::Nodes => {
             nodes::load(path)?;

@@ -311,8 +311,8 @@ pub fn csv(rows: &[(Run, SimSummary)]) -> String {
     for (r, s) in rows {
         let _ = writeln!(
             out,
-            "\"{}\",{},{},{},{},{},{},{},{},{:.4},{:.6},{:.6},{:.6},{:.4},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.3}",
-            r.label.replace('"', "\"\""), // a quote in a label is doubled (RFC 4180)
+            "{},{},{},{},{},{},{},{},{},{:.4},{:.6},{:.6},{:.6},{:.4},{},{},{},{},{},{},{},{:.6},{:.6},{:.6},{:.3}",
+            fanin_report::csv_quoted(&r.label),
             s.lcms,
             s.pcs,
             s.transport,

@@ -174,8 +174,7 @@ impl FabricConfig {
                 .into());
             }
         }
-        // The seeds of its repetitions, written to TOML (signed 64-bit), follow it.
-        if self.seed > 1 << 62 {
+        if self.seed > crate::MAX_SEED {
             return Err(format!("seed = {}: at most 2^62", self.seed).into());
         }
         let p: Pattern = self.pattern.parse()?;
