@@ -349,19 +349,7 @@ impl FlpCore {
             Message::RunState { state, run_number } => {
                 self.metrics.set_run_state(state, run_number)
             }
-            Message::RunStop { .. } => {
-                // A source's STFs stay with it (a ring's slots stay READY for the next
-                // run), except those released whose send ends during the flush: freed then.
-                let ending = |k: &Kept| k.released && k.sending > 0;
-                let (send_ends, rest): (Vec<_>, Vec<_>) =
-                    self.kept.drain().partition(|(_, k)| ending(k));
-                for (_, k) in rest {
-                    self.budget.release(k.len);
-                }
-                self.kept.extend(send_ends);
-                self.announce.clear();
-                self.out.push_back(Action::Stop);
-            }
+            Message::RunStop { .. } => self.run_stopped(),
             other => {
                 tracing::warn!(
                     "FLP {}: unexpected {:?} from the ICN",
@@ -371,6 +359,48 @@ impl FlpCore {
                 self.metrics.error("unexpected_message");
             }
         }
+    }
+
+    /// RunStop: an STF the run scheduled is over with it (its TF ended in this run, built
+    /// or not, and must not be announced into the next), so the source gets it back once
+    /// no send uses it; one whose TF was never released is counted dropped `run_stopped`.
+    /// An STF never scheduled stays with its source (a ring's slot stays READY).
+    fn run_stopped(&mut self) {
+        let mut unreleased = 0;
+        for k in self
+            .kept
+            .values_mut()
+            .filter(|k| k.scheduled && !k.released)
+        {
+            k.released = true;
+            unreleased += 1;
+        }
+        if unreleased > 0 {
+            let me = self.me;
+            tracing::warn!("FLP {me}: the run stopped before the ICN released the TFs of {unreleased} scheduled STFs: dropped (run_stopped), never announced into another run");
+            self.metrics
+                .stf("dropped", Reason::RunStopped.name(), unreleased);
+        }
+        let mut over: Vec<TfId> = Vec::new();
+        for (tf, k) in std::mem::take(&mut self.kept) {
+            match (k.released, k.sending) {
+                (true, 0) => over.push(tf),
+                (true, _) => {
+                    self.kept.insert(tf, k); // freed when its send ends
+                    continue;
+                }
+                (false, _) => {}
+            }
+            self.budget.release(k.len);
+        }
+        debug_assert!(self.kept.values().all(|k| k.released && k.sending > 0));
+        over.sort_unstable();
+        if self.on_data {
+            self.out.extend(over.into_iter().map(Action::Free));
+        }
+        self.publish();
+        self.announce.clear();
+        self.out.push_back(Action::Stop);
     }
 
     /// A lost run's STFs: a released one is freed now that its sends ended. If the run
@@ -928,6 +958,39 @@ mod tests {
         assert_eq!(drain(&mut c), [Action::Stop], "TF 1 stays with its source");
         c.handle(Input::Sent { job: j, ok: true });
         assert_eq!(drain(&mut c), [Action::Free(0)]);
+        assert_eq!(c.buffered(), 0);
+    }
+
+    #[test]
+    fn at_run_stop_an_stf_the_run_scheduled_goes_back_to_its_source() {
+        let (mut c, m) = on_data(64 * KIB);
+        for tf in 0..4 {
+            produce(&mut c, tf, KIB);
+        }
+        let sent = job(&assign(&mut c, 0, 0));
+        c.handle(Input::Sent {
+            job: sent,
+            ok: true,
+        });
+        let sending = job(&assign(&mut c, 1, 0));
+        let failed = job(&assign(&mut c, 2, 0));
+        c.handle(Input::Sent {
+            job: failed,
+            ok: false,
+        });
+        drain(&mut c);
+        c.handle(Input::Control(Message::RunStop { run_id: 1 }));
+        assert_eq!(
+            drain(&mut c),
+            [Action::Free(0), Action::Free(2), Action::Stop],
+            "TF 3 was never scheduled: it stays with its source"
+        );
+        assert_eq!(m.counter("stfs.dropped.run_stopped"), 3);
+        c.handle(Input::Sent {
+            job: sending,
+            ok: true,
+        });
+        assert_eq!(drain(&mut c), [Action::Free(1)], "once its send ended");
         assert_eq!(c.buffered(), 0);
     }
 

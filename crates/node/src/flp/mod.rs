@@ -903,12 +903,21 @@ mod tests {
         (Shell::new(core, ctx, Some(source), None).0, metrics)
     }
 
+    /// How the run of `left_in_the_ring` ends for its FLP.
+    #[derive(Debug, Clone, Copy)]
+    enum RunEnd {
+        /// Its ICN is lost and the run is over (true) or joined afresh (false).
+        Lost(bool),
+        /// RunStop arrives; the sends never end, so the flush times out.
+        Stopped,
+    }
+
     /// TFs 7 to 10 in a ring; the shell took all four. TF 7 was released while its STF
     /// was being sent, TF 8 is queued for EPN 0, TF 9 only announced, TF 10 assigned to
-    /// an EPN this FLP does not reach (dropped, not released). Then the run is lost for
-    /// good (`over`) or joined afresh: which TFs does the ring still hold?
-    async fn left_in_the_ring_after_a_lost_run(over: bool) -> (Vec<u64>, u64) {
-        let name = format!("fanin-test-lost-run-{}-{over}", std::process::id());
+    /// an EPN this FLP does not reach (dropped, not released). Then the run ends: which
+    /// TFs does the ring still hold, and how many STFs were counted dropped, and why?
+    async fn left_in_the_ring(end: RunEnd) -> (Vec<u64>, Vec<(String, u64)>) {
+        let name = format!("fanin-test-run-end-{}-{end:?}", std::process::id());
         let mut w = fanin_shm::Writer::create(&name, 4, 4096).unwrap();
         for tf in [7u64, 8, 9, 10] {
             assert!(w.write(tf, &[tf as u8; 100], false).unwrap());
@@ -935,24 +944,52 @@ mod tests {
         );
         sh.tasks
             .push(AbortOnDrop(tokio::spawn(std::future::pending())));
-        sh.abandon(over).await;
+        match end {
+            RunEnd::Lost(over) => sh.abandon(over).await,
+            RunEnd::Stopped => {
+                sh.core
+                    .handle(Input::Control(Message::RunStop { run_id: 1 }));
+                while let Some(action) = sh.core.poll_action() {
+                    match action {
+                        Action::Free(tf) => sh.free(tf),
+                        other => assert!(matches!(other, Action::Stop), "{other:?}"),
+                    }
+                }
+                sh.give_back(false).await; // what a flush that timed out does
+            }
+        }
         let mut again = fanin_shm::Reader::attach(&name).unwrap();
         let left = std::iter::from_fn(|| again.poll().unwrap()).map(|s| s.tf_id);
         let left = left.collect();
         w.unlink().unwrap();
-        (left, metrics.counter("stfs.dropped.icn_lost"))
+        let dropped = ["icn_lost", "run_stopped"]
+            .map(|r| (r.to_string(), metrics.counter(&format!("stfs.dropped.{r}"))));
+        (left, dropped.into_iter().filter(|(_, n)| *n > 0).collect())
+    }
+
+    fn counted(reason: &str, n: u64) -> Vec<(String, u64)> {
+        vec![(reason.to_string(), n)]
     }
 
     #[tokio::test]
     async fn a_lost_run_gives_back_what_it_released_and_when_over_what_it_scheduled() {
-        let (left, lost) = left_in_the_ring_after_a_lost_run(true).await;
+        let (left, dropped) = left_in_the_ring(RunEnd::Lost(true)).await;
         let why = "only the TF never scheduled goes on to the next run";
         assert_eq!(left, [9], "{why}");
         let why = "TFs 8 and 10, scheduled in the lost run, counted icn_lost";
-        assert_eq!(lost, 2, "{why}");
-        let (left, lost) = left_in_the_ring_after_a_lost_run(false).await;
+        assert_eq!(dropped, counted("icn_lost", 2), "{why}");
+        let (left, dropped) = left_in_the_ring(RunEnd::Lost(false)).await;
         let why = "the run joined afresh hears them again";
         assert_eq!(left, [8, 9, 10], "{why}");
-        assert_eq!(lost, 0);
+        assert_eq!(dropped, []);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_run_gives_back_what_it_scheduled_and_keeps_the_rest() {
+        let (left, dropped) = left_in_the_ring(RunEnd::Stopped).await;
+        let why = "only the TF never scheduled goes on to the next run";
+        assert_eq!(left, [9], "{why}");
+        let why = "TFs 8 and 10, scheduled but never released, counted run_stopped";
+        assert_eq!(dropped, counted("run_stopped", 2), "{why}");
     }
 }

@@ -206,8 +206,9 @@ impl IcnCore {
         // sources): they may free them now. With re-assignment, a TF with an EPN, or
         // one that had STFs sent out and ends without one (`kept_unplaced`); never one
         // dropped before any FLP heard of it.
-        // After RunStop they freed everything, and read no more: a frame then would
-        // only make their close a reset that can lose their run-end counters.
+        // After RunStop they freed every STF the run scheduled (and kept those it did
+        // not), and read no more: a frame then would only make their close a reset
+        // that can lose their run-end counters.
         self.ondata.sizes.remove(&row.tf_id);
         self.transfers_of_tf_over(row.tf_id);
         let unplaced = self.kept_unplaced.remove(&row.tf_id);
