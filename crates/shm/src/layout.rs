@@ -66,6 +66,9 @@ pub struct Mapping {
     pub slots: u64,
     pub slot_size: u64,
     pub path: PathBuf,
+    /// The reader's open ring file, locked: the lock lives as long as the mapping, so
+    /// also while a payload lent from it is in use.
+    reader_lock: Option<File>,
 }
 
 impl Mapping {
@@ -79,8 +82,31 @@ impl Mapping {
             slots: 0,
             slot_size: 0,
             path: path.into(),
+            reader_lock: None,
         };
         m.check()
+    }
+
+    /// Makes this the ring's one reader: an exclusive lock on `file` (the ring's file,
+    /// open), held as long as the mapping. The kernel drops it when the process ends, so
+    /// a crashed FLP's successor attaches; a live one is refused, naming its pid.
+    pub fn lock_reader(&mut self, file: File) -> Result<(), RingError> {
+        match file.try_lock() {
+            Ok(()) => {
+                self.reader_lock = Some(file);
+                Ok(())
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let pid = self.reader_pid().load(Ordering::Acquire);
+                let what =
+                    format!("another FLP (pid {pid}) reads this ring; a ring has one reader");
+                Err(self.bad("reader_pid", what))
+            }
+            Err(std::fs::TryLockError::Error(err)) => Err(RingError::Io {
+                path: self.path.clone(),
+                err,
+            }),
+        }
     }
 
     fn bad(&self, field: &'static str, what: String) -> RingError {
@@ -153,6 +179,7 @@ impl Mapping {
             slots,
             slot_size,
             path: path.into(),
+            reader_lock: None,
         };
         m.u64_at(SLOTS).store(slots, Ordering::Release);
         m.u64_at(SLOT_SIZE).store(slot_size, Ordering::Release);

@@ -25,7 +25,8 @@ pub struct Reader {
 }
 
 impl Reader {
-    /// Attaches to the ring NAME a read-out created.
+    /// Attaches to the ring NAME a read-out created, as its only reader (refused while
+    /// another process reads it: two readers would free each other's slots).
     pub fn attach(name: &str) -> Result<Reader, RingError> {
         let path = ring_path(name);
         let file = OpenOptions::new()
@@ -36,7 +37,9 @@ impl Reader {
                 path: path.clone(),
                 err,
             })?;
-        let ring = Arc::new(Mapping::map(&file, &path)?);
+        let mut ring = Mapping::map(&file, &path)?;
+        ring.lock_reader(file)?;
+        let ring = Arc::new(ring);
         ring.reader_pid()
             .store(std::process::id() as u64, Ordering::Release);
         // What was written before this moment is READY or freed; what the writer adds
@@ -106,10 +109,15 @@ impl Reader {
         }
     }
 
-    /// Gives a slot back to the writer.
-    pub fn free(&self, s: &Slot) {
-        debug_assert_eq!(self.ring.state(s.index).load(Ordering::Acquire), READY);
-        self.ring.state(s.index).store(FREE, Ordering::Release);
+    /// Gives a slot back to the writer: false (and the slot untouched) when it no longer
+    /// holds that STF, which only a second reader could have done.
+    pub fn free(&self, s: &Slot) -> bool {
+        let seq = self.ring.seq(s.index).load(Ordering::Acquire);
+        let state = self.ring.state(s.index);
+        seq == s.seq
+            && state
+                .compare_exchange(READY, FREE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     pub fn slot_size(&self) -> u64 {

@@ -76,6 +76,44 @@ fn a_reattached_reader_gets_every_slot_not_freed_in_write_order() {
 }
 
 #[test]
+fn a_ring_has_one_reader_at_a_time() {
+    let n = name();
+    let mut w = Writer::create(&n, 1, 4096).unwrap();
+    let first = Reader::attach(&n).unwrap();
+    let e = Reader::attach(&n)
+        .err()
+        .expect("a second reader is refused");
+    let pid = std::process::id();
+    assert!(
+        e.to_string()
+            .contains(&format!("reader_pid: another FLP (pid {pid})")),
+        "{e}"
+    );
+    drop(first);
+    let mut again = Reader::attach(&n).expect("the first let go");
+    assert!(w.write(5, &data(5, 10), false).unwrap());
+    assert_eq!(again.poll().unwrap().map(|s| s.tf_id), Some(5));
+    w.unlink().unwrap();
+}
+
+#[test]
+fn freeing_a_slot_that_holds_another_stf_now_leaves_it_alone() {
+    let n = name();
+    let mut w = Writer::create(&n, 1, 4096).unwrap();
+    let mut r = Reader::attach(&n).unwrap();
+    assert!(w.write(1, &data(1, 10), false).unwrap());
+    let old = r.poll().unwrap().unwrap();
+    assert!(r.free(&old));
+    assert!(w.write(2, &data(2, 10), false).unwrap());
+    assert!(!r.free(&old), "slot 0 holds TF 2 now");
+    assert!(!w.write(3, &data(3, 10), false).unwrap(), "TF 2 is unread");
+    let next = r.poll().unwrap().expect("TF 2 is still there");
+    assert_eq!(next.tf_id, 2);
+    assert!(r.free(&next));
+    w.unlink().unwrap();
+}
+
+#[test]
 fn a_waiting_writer_goes_on_when_the_reader_frees() {
     let n = name();
     let mut w = Writer::create(&n, 1, 4096).unwrap();

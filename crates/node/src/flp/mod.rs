@@ -956,6 +956,7 @@ mod tests {
                     }
                 }
                 sh.give_back(false).await; // what a flush that timed out does
+                drop(sh); // its reader lets go of the ring
             }
         }
         let mut again = fanin_shm::Reader::attach(&name).unwrap();

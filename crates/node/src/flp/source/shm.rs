@@ -76,7 +76,10 @@ impl Shm {
 
     pub fn free(&mut self, tf: TfId) {
         if let Some(s) = self.slots.remove(&tf) {
-            self.reader.free(&s);
+            if !self.reader.free(&s) {
+                let (what, i) = (&self.what, s.index);
+                tracing::error!("{what}: slot {i} no longer holds TF {tf}: left as it is");
+            }
         }
     }
 }
