@@ -158,7 +158,15 @@ fn an_flp_killed_and_restarted_mid_run_loses_nothing_from_its_ring() {
     let mut flp1 = spawn_flp_with(dir, icn.control, 1, &["--source", &source(1)]);
     icn.wait_issued(150);
     flp1.kill9();
-    std::thread::sleep(Duration::from_millis(300));
+    // Gone, and with it its lock on the ring (a live reader keeps a successor out).
+    let t = std::time::Instant::now();
+    while flp1.is_running() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "FLP 1 outlived SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _flp1 = spawn_flp_with(dir, icn.control, 1, &["--source", &source(1)]);
     let results = all_completed(icn, tfs);
     let got = delivered(&sink);

@@ -363,7 +363,8 @@ impl FlpCore {
 
     /// RunStop: an STF the run scheduled is over with it (its TF ended in this run, built
     /// or not, and must not be announced into the next), so the source gets it back once
-    /// no send uses it; one whose TF was never released is counted dropped `run_stopped`.
+    /// no send uses it; one whose TF was never released is counted `freed` `run_stopped`
+    /// (the ICN counted its TF's fate; this says the source got it back without a Release).
     /// An STF never scheduled stays with its source (a ring's slot stays READY).
     fn run_stopped(&mut self) {
         let mut unreleased = 0;
@@ -377,9 +378,9 @@ impl FlpCore {
         }
         if unreleased > 0 {
             let me = self.me;
-            tracing::warn!("FLP {me}: the run stopped before the ICN released the TFs of {unreleased} scheduled STFs: dropped (run_stopped), never announced into another run");
+            tracing::warn!("FLP {me}: the run stopped before the ICN released the TFs of {unreleased} scheduled STFs: freed (run_stopped), never announced into another run");
             self.metrics
-                .stf("dropped", Reason::RunStopped.name(), unreleased);
+                .stf("freed", Reason::RunStopped.name(), unreleased);
         }
         let mut over: Vec<TfId> = Vec::new();
         for (tf, k) in std::mem::take(&mut self.kept) {
@@ -985,7 +986,7 @@ mod tests {
             [Action::Free(0), Action::Free(2), Action::Stop],
             "TF 3 was never scheduled: it stays with its source"
         );
-        assert_eq!(m.counter("stfs.dropped.run_stopped"), 3);
+        assert_eq!(m.counter("stfs.freed.run_stopped"), 3);
         c.handle(Input::Sent {
             job: sending,
             ok: true,

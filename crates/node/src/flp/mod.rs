@@ -963,8 +963,8 @@ mod tests {
         let left = std::iter::from_fn(|| again.poll().unwrap()).map(|s| s.tf_id);
         let left = left.collect();
         w.unlink().unwrap();
-        let dropped = ["icn_lost", "run_stopped"]
-            .map(|r| (r.to_string(), metrics.counter(&format!("stfs.dropped.{r}"))));
+        let dropped = ["dropped.icn_lost", "freed.run_stopped"]
+            .map(|r| (r.to_string(), metrics.counter(&format!("stfs.{r}"))));
         (left, dropped.into_iter().filter(|(_, n)| *n > 0).collect())
     }
 
@@ -978,7 +978,7 @@ mod tests {
         let why = "only the TF never scheduled goes on to the next run";
         assert_eq!(left, [9], "{why}");
         let why = "TFs 8 and 10, scheduled in the lost run, counted icn_lost";
-        assert_eq!(dropped, counted("icn_lost", 2), "{why}");
+        assert_eq!(dropped, counted("dropped.icn_lost", 2), "{why}");
         let (left, dropped) = left_in_the_ring(RunEnd::Lost(false)).await;
         let why = "the run joined afresh hears them again";
         assert_eq!(left, [8, 9, 10], "{why}");
@@ -991,6 +991,6 @@ mod tests {
         let why = "only the TF never scheduled goes on to the next run";
         assert_eq!(left, [9], "{why}");
         let why = "TFs 8 and 10, scheduled but never released, counted run_stopped";
-        assert_eq!(dropped, counted("run_stopped", 2), "{why}");
+        assert_eq!(dropped, counted("freed.run_stopped", 2), "{why}");
     }
 }
