@@ -92,7 +92,8 @@ pub struct Arrival {
 struct Slot<P> {
     /// The ICN told us this TF is ours.
     assigned: bool,
-    /// Arrival of the first STF (the build time-out runs from here).
+    /// Arrival of the first STF, or the end of the data connection of an FLP whose STF
+    /// it waits for (the build time-out runs from here).
     first_us: Option<u64>,
     /// Which FLPs' STFs are held (one bit per FLP).
     have: Vec<u64>,
@@ -417,6 +418,19 @@ impl<P> Builder<P> {
         self.close(tf, status, reason, out);
     }
 
+    /// FLP `flp` has no data connection here any more: every TF still waiting for its
+    /// STF starts its time-out now if it has not (an assigned TF none of whose STFs came,
+    /// each lost in a reset connection, would otherwise never end, and in pull mode hold
+    /// this EPN's transfer tokens for good).
+    pub fn flp_gone(&mut self, flp: FlpId, now_us: u64) {
+        let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
+        for s in self.slots.values_mut() {
+            if s.have.get(w).is_some_and(|x| x & bit == 0) {
+                s.first_us.get_or_insert(now_us);
+            }
+        }
+    }
+
     /// Closes TFs whose first STF arrived more than the time-out ago.
     pub fn tick(&mut self, now_us: u64, out: &mut Vec<Out<P>>) {
         let mut due: Vec<TfId> = self
@@ -545,6 +559,30 @@ mod tests {
             reports(&out),
             vec![(3, TfStatus::Incomplete, Reason::RunStopped)]
         );
+    }
+
+    /// TF 1 has no STF, TF 2 has FLP 1's (at 495 µs); FLP 1's data connection ends at
+    /// 500 µs. TF 1's time-out runs from then; TF 2's from its STF, as before.
+    #[test]
+    fn an_flp_gone_starts_the_time_out_of_tfs_waiting_for_its_stf() {
+        let mut b = Builder::new(0, 2, 10, 16);
+        let mut out = vec![];
+        (1..=2).for_each(|tf| b.assigned(tf, &mut out));
+        b.tick(400, &mut out);
+        assert!(out.is_empty(), "no STF yet: no clock");
+        b.stf(at(2, 1, 0, 1, 495), 21, &mut out);
+        b.flp_gone(1, 500);
+        b.tick(504, &mut out);
+        assert!(reports(&out).is_empty());
+        b.tick(505, &mut out);
+        let tf2 = (2, TfStatus::Incomplete, Reason::BuildTimeout);
+        assert_eq!(reports(&out), vec![tf2]);
+        b.tick(509, &mut out);
+        assert_eq!(reports(&out).len(), 1);
+        b.tick(510, &mut out);
+        let tf1 = (1, TfStatus::Incomplete, Reason::BuildTimeout);
+        assert_eq!(reports(&out), vec![tf2, tf1]);
+        assert_eq!(b.building(), 0);
     }
 
     #[test]

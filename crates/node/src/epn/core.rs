@@ -38,6 +38,10 @@ pub enum Input<P> {
         flp: FlpId,
         reason: Reason,
     },
+    /// FLP `flp` has no data connection to this EPN any more: an STF it wrote into one
+    /// that was reset may never come, so every TF still waiting for one of its STFs
+    /// starts its build time-out now, if none of its STFs started it yet.
+    FlpGone { flp: FlpId },
     /// A frame from the ICN.
     Control(Message),
     /// 20 ms passed; the build buffer has `free_bytes` free.
@@ -236,6 +240,7 @@ impl<P> EpnCore<P> {
             Input::Lost { tf, reason, .. } => self.builder.lost_stf(tf, reason, now_us, &mut out),
             Input::Control(m) => self.on_control(m, &mut out),
             Input::Tick { free_bytes } => self.on_tick(now_us, free_bytes, &mut out),
+            Input::FlpGone { flp } => self.builder.flp_gone(flp, now_us),
             Input::Delivered { tf, outcome, stfs } => self.delivered(tf, outcome, stfs),
             Input::IcnLost => self.away = true,
         }
@@ -574,6 +579,19 @@ mod tests {
         c.handle(500_000, Input::Tick { free_bytes: 0 });
         assert!(reports(&drain(&mut c)).is_empty());
         c.handle(1_000_001, Input::Tick { free_bytes: 0 });
+        assert_eq!(reports(&drain(&mut c)), [(7, TfStatus::Incomplete)]);
+    }
+
+    #[test]
+    fn a_tf_waiting_for_an_flp_whose_connection_ended_times_out() {
+        let (mut c, _) = epn(None);
+        assign(&mut c, 7, 3);
+        c.handle(5_000_000, Input::Tick { free_bytes: 0 });
+        assert!(reports(&drain(&mut c)).is_empty(), "no STF: no clock");
+        c.handle(6_000_000, Input::FlpGone { flp: 0 });
+        c.handle(6_999_999, Input::Tick { free_bytes: 0 });
+        assert!(reports(&drain(&mut c)).is_empty());
+        c.handle(7_000_000, Input::Tick { free_bytes: 0 });
         assert_eq!(reports(&drain(&mut c)), [(7, TfStatus::Incomplete)]);
     }
 

@@ -595,6 +595,7 @@ impl BuildShell {
                         Input::Stf { tf, flp, target, bytes, payload }
                     }
                     Some(BuildEvent::Lost { tf, flp, reason }) => Input::Lost { tf, flp, reason },
+                    Some(BuildEvent::FlpGone { flp }) => Input::FlpGone { flp },
                     Some(BuildEvent::Control(m)) => Input::Control(m),
                     Some(BuildEvent::Delivered { tf, outcome, stfs }) => {
                         Input::Delivered { tf, outcome, stfs }

@@ -33,6 +33,9 @@ pub enum BuildEvent {
         flp: FlpId,
         reason: Reason,
     },
+    /// FLP `flp` has no data connection here any more (its last one ended, not replaced):
+    /// what it wrote into one that was reset may be lost without a word.
+    FlpGone { flp: FlpId },
     /// A frame from the ICN (the control loop forwards them all).
     Control(Message),
     /// The sinks' verdict on a built TF, with its buffers back.
@@ -200,11 +203,16 @@ fn claim(ctx: &DataCtx, flp: FlpId, conn: u64) -> tokio::sync::oneshot::Receiver
     rx
 }
 
-/// The connection `conn` of `flp` ended: it is no longer the FLP's (unless replaced).
-fn unclaim(ctx: &DataCtx, flp: FlpId, conn: u64) {
-    let mut connected = ctx.connected.lock().unwrap();
-    if connected.get(&flp).is_some_and(|(c, _)| *c == conn) {
-        connected.remove(&flp);
+/// The connection `conn` of `flp` ended: it is no longer the FLP's, and unless a newer
+/// one replaced it, the builder hears that the FLP has none here now.
+async fn unclaim(ctx: &DataCtx, flp: FlpId, conn: u64) {
+    let gone = {
+        let mut connected = ctx.connected.lock().unwrap();
+        let current = connected.get(&flp).is_some_and(|(c, _)| *c == conn);
+        current && connected.remove(&flp).is_some()
+    };
+    if gone {
+        send(ctx, BuildEvent::FlpGone { flp }).await;
     }
 }
 
@@ -283,12 +291,12 @@ async fn serve_flp(
         .write_all(&Message::DataHelloAck { epn_id: ctx.me }.encode())
         .await
     {
-        unclaim(ctx, flp, conn);
+        unclaim(ctx, flp, conn).await;
         return Err(e.to_string());
     }
     tracing::debug!("EPN {}: FLP {flp} connected from {peer}", ctx.me);
     let res = read_stfs(&mut rd, &mut lowat, (flp, &mut replaced), ctx).await;
-    unclaim(ctx, flp, conn);
+    unclaim(ctx, flp, conn).await;
     match res {
         Ok(()) => Ok(()),
         Err(e) => {
@@ -500,10 +508,11 @@ mod tests {
 
     /// FLP 0 connects to an EPN, then (restarted after its host died, say) again while
     /// the first connection is still open: the newer one is taken, the older closed.
+    /// Only when the newer ends too does the builder hear that FLP 0 has none.
     #[tokio::test]
     async fn a_newer_proven_connection_of_an_flp_replaces_the_older() {
         let budget = Arc::new(ByteBudget::new(1 << 20));
-        let (builder, _events) = mpsc::channel(16);
+        let (builder, mut events) = mpsc::channel(16);
         let metrics = Metrics::new("epn", Some(0));
         let secret = crate::auth::Secret::new(b"run secret");
         let ctx = Arc::new(DataCtx {
@@ -534,7 +543,7 @@ mod tests {
         let mut older = connect(&flp, 0, at, None)
             .await
             .expect("the first connection");
-        let _newer = connect(&flp, 0, at, None)
+        let newer = connect(&flp, 0, at, None)
             .await
             .expect("the second, taken too");
         let mut b = [0u8; 1];
@@ -545,6 +554,14 @@ mod tests {
             "the older is closed"
         );
         assert_eq!(metrics.counter("errors.data_connection_replaced"), 1);
+        let quiet = tokio::time::timeout(std::time::Duration::from_millis(200), events.recv());
+        assert!(quiet.await.is_err(), "FLP 0 is still connected");
+        drop(newer);
+        let ev = tokio::time::timeout(wait, events.recv()).await;
+        assert!(
+            matches!(ev, Ok(Some(BuildEvent::FlpGone { flp: 0 }))),
+            "the last connection ended"
+        );
     }
 
     /// The budget charges what an STF needs: a buffer from the pool must not be much

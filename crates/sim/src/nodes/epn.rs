@@ -127,6 +127,11 @@ impl World {
         self.epn_feed(i, input);
     }
 
+    /// EPN `epn` sees FLP `flp`'s data connection close.
+    pub fn flp_gone(&mut self, flp: u32, epn: u32) {
+        self.epn_feed(epn, Input::FlpGone { flp });
+    }
+
     /// Feeds the EPN's run one input and carries out its actions (frames
     /// for the ICN go nowhere while it is away and the new one has not asked yet).
     fn epn_feed(&mut self, i: u32, input: Input<Len>) {

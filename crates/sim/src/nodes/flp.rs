@@ -294,9 +294,16 @@ impl World {
 
     /// Fault: the FLP's data connection to `epn` is reset.
     pub fn reset_data(&mut self, i: u32, epn: EpnId) {
-        if let Some(run) = self.flp_run(i) {
-            run.data.remove(&epn);
+        let reset = self.flp_run(i).and_then(|run| run.data.remove(&epn));
+        if reset.is_some() {
+            self.flp_gone(i, epn);
         }
+    }
+
+    /// The EPNs FLP `i` has data connections to (a kill closes them all).
+    pub fn data_peers(&mut self, i: u32) -> Vec<EpnId> {
+        self.flp_run(i)
+            .map_or_else(Vec::new, |run| run.data.keys().copied().collect())
     }
 
     /// The FLP cannot start its run (an EPN is gone): it leaves and joins again.

@@ -178,6 +178,11 @@ impl World {
     /// `restart_ms`, or never.
     pub fn kill(&mut self, end: End, restart_ms: Option<u64>) {
         let conn = self.proc(end).conn;
+        if let End::Flp(i) = end {
+            for epn in self.data_peers(i) {
+                self.flp_gone(i, epn); // its data connections close with it
+            }
+        }
         self.cut_source(end);
         self.end_incarnation(end); // a run kept for a take-over too
         if let Some(conn) = conn {
