@@ -50,6 +50,11 @@ const EVENT_QUEUE: usize = 4096;
 /// TF ids one ICN reserves at once when the run length is not known in advance.
 const ID_BLOCK: u64 = 1 << 32;
 
+/// Release and Abandon frames held back at most while the rows file cannot be written
+/// (about 64 MiB); beyond, one is not sent (counted `frees_not_sent`) and its FLPs keep
+/// those STFs until the run stops.
+const MAX_HELD_FREES: usize = 1 << 20;
+
 /// Binds the control port, prints `listening control=ADDR metrics=ADDR`, runs one
 /// run to its end and returns its summary (also written to the results directory).
 pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
@@ -381,6 +386,9 @@ struct Shell {
     /// told of the failure, closes them.
     failed: std::collections::HashSet<ConnId>,
     tfs_csv: Option<TfCsv>,
+    /// Frames that free STFs (Release, Abandon), held back in order while the rows
+    /// before them cannot reach the rows file (at most `MAX_HELD_FREES`).
+    held: VecDeque<(ConnId, Message)>,
     progress: bool,
     run_start_unix_us: u64,
     /// (time s, TFs completed) a second ago and the TF rate since, for the live status.
@@ -423,6 +431,7 @@ impl Shell {
             conns: HashMap::new(),
             failed: Default::default(),
             tfs_csv,
+            held: VecDeque::new(),
             progress,
             run_start_unix_us: 0,
             rate: ((0.0, 0), 0.0),
@@ -486,6 +495,7 @@ impl Shell {
                     if let Some(csv) = self.tfs_csv.as_mut() {
                         let _ = csv.flush();
                     }
+                    self.retry_held();
                 }
                 input = lead.next() => self.feed(input),
                 _ = sigint.recv() => self.feed(Input::Interrupt),
@@ -549,9 +559,7 @@ impl Shell {
         let mut failed = VecDeque::new(); // allocates only when a send fails
         loop {
             while let Some(action) = self.core.poll_action() {
-                if let Some(f) = self.act(action) {
-                    failed.push_back(f);
-                }
+                self.act(action, &mut failed);
             }
             let Some(f) = failed.pop_front() else {
                 return;
@@ -560,14 +568,57 @@ impl Shell {
         }
     }
 
-    /// A frame to a connection; a failure to queue it comes back as an input.
-    fn send(&mut self, conn: ConnId, msg: Message) -> Option<Input> {
-        if self.failed.contains(&conn) {
-            return None;
+    /// A frame to a connection; a failure to queue it comes back as an input. A TF's
+    /// STFs are freed only once its row is in the file: a frame that frees them
+    /// (Release, Abandon) waits, behind those held already, until the rows are.
+    fn send(&mut self, conn: ConnId, msg: Message, failed: &mut VecDeque<Input>) {
+        if !matches!(msg, Message::Release { .. } | Message::Abandon { .. }) {
+            return failed.extend(self.deliver(conn, msg));
         }
-        // A TF's STFs are freed only once its row is in the file.
-        let frees = matches!(msg, Message::Release { .. } | Message::Abandon { .. });
-        if frees && !self.commit_rows() {
+        if self.held.len() >= MAX_HELD_FREES {
+            // Its FLPs keep those STFs until the run stops (RunStop frees them).
+            self.core.metrics_error("frees_not_sent");
+            return;
+        }
+        self.held.push_back((conn, msg));
+        self.send_held(failed);
+    }
+
+    /// The frames held back go out in order, once the rows before them are in the file.
+    fn send_held(&mut self, failed: &mut VecDeque<Input>) {
+        if self.held.is_empty() || !self.commit_rows() {
+            return;
+        }
+        while let Some((conn, msg)) = self.held.pop_front() {
+            failed.extend(self.deliver(conn, msg));
+        }
+    }
+
+    /// Every 250 ms, frames held back go out if the rows file takes the rows now. After
+    /// RunStop they are dropped: the FLPs freed every STF the run scheduled, and read
+    /// no more.
+    fn retry_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        if matches!(self.core.phase(), Phase::Stopping | Phase::Done) {
+            let n = self.held.len();
+            tracing::warn!(
+                "ICN: {n} Release and Abandon frames held back are not sent: the run stopped"
+            );
+            self.held.clear();
+            return;
+        }
+        let mut failed = VecDeque::new();
+        self.send_held(&mut failed);
+        for f in failed {
+            self.feed(f);
+        }
+    }
+
+    /// A frame onto its connection's queue now.
+    fn deliver(&mut self, conn: ConnId, msg: Message) -> Option<Input> {
+        if self.failed.contains(&conn) {
             return None;
         }
         let c = self.conns.get(&conn)?;
@@ -583,9 +634,9 @@ impl Shell {
         })
     }
 
-    fn act(&mut self, action: Action) -> Option<Input> {
+    fn act(&mut self, action: Action, failed: &mut VecDeque<Input>) {
         match action {
-            Action::Send { conn, msg } => return self.send(conn, msg),
+            Action::Send { conn, msg } => self.send(conn, msg, failed),
             Action::Close { conn } => {
                 self.conns.remove(&conn);
                 self.failed.remove(&conn);
@@ -625,11 +676,11 @@ impl Shell {
                 }
             }
         }
-        None
     }
 
     /// A Release frees STFs: the rows written before it reach the file first. False
-    /// when they cannot: the Release is held back (the STFs stay kept, never lost).
+    /// when they cannot: the Release is held back (the STFs stay kept, never lost) and
+    /// tried again with the next one or within 250 ms.
     fn commit_rows(&mut self) -> bool {
         match self.tfs_csv.as_mut().map(|c| c.commit()) {
             Some(Err(e)) => {
@@ -652,8 +703,9 @@ impl Shell {
     /// to the log.
     fn finish(mut self, results_dir: Option<&std::path::Path>) -> anyhow::Result<Summary> {
         let mut summary = self.core.finish(self.now());
+        let mut failed = VecDeque::new(); // the run is over: nothing more to do about them
         while let Some(action) = self.core.poll_action() {
-            self.act(action);
+            self.act(action, &mut failed);
         }
         summary.run_start_unix_us = self.run_start_unix_us;
         // The counts reach the log even when the results directory is gone or full.
@@ -713,4 +765,106 @@ fn log_counts(summary: &Summary) {
 fn stopwatch_ns() -> u64 {
     static T0: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     T0.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::icn::ledger::TfRow;
+    use fanin_proto::{Reason, TfStatus};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Mutex;
+
+    /// A rows file that refuses every write while `full` is set (a full disk), then
+    /// takes them into `got`.
+    struct Disk {
+        full: Arc<AtomicBool>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl std::io::Write for Disk {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.full.load(Ordering::Relaxed) {
+                return Err(std::io::Error::other("no space left on device"));
+            }
+            self.got.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// An ICN shell whose rows go to `disk`, with one control connection (id 5).
+    fn shell(disk: Disk) -> (Shell, mpsc::Receiver<Message>, oneshot::Receiver<()>) {
+        let run = crate::config::RunConfig::default().check().unwrap();
+        let core = IcnCore::new(
+            CoreConfig {
+                run,
+                run_id: 1,
+                id_base: 0,
+                registry_members: None,
+                stopwatch_ns: || 0,
+                hold_start: false,
+                takeover: None,
+            },
+            Metrics::new("icn", None),
+            Duration::ZERO,
+        );
+        let csv = TfCsv::to_writer(Box::new(disk), std::path::Path::new("results"));
+        let status = Arc::new(std::sync::Mutex::new(String::new()));
+        let mut sh = Shell::new(core, Some(csv), false, status);
+        let (tx, rx) = mpsc::channel(16);
+        let (kill, killed) = oneshot::channel();
+        sh.conns.insert(5, Conn { tx, _kill: kill });
+        (sh, rx, killed)
+    }
+
+    fn ended(tf_id: u64) -> Action {
+        Action::TfEnded(TfRow {
+            tf_id,
+            epn: Some(0),
+            issued_us: 0,
+            ended_us: 1000,
+            status: TfStatus::Complete,
+            reason: Reason::None,
+        })
+    }
+
+    #[test]
+    fn a_release_waits_for_its_row_and_goes_out_once_the_rows_file_takes_it() {
+        let full = Arc::new(AtomicBool::new(true));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let disk = Disk {
+            full: full.clone(),
+            got: got.clone(),
+        };
+        let (mut sh, mut rx, _killed) = shell(disk);
+        let mut failed = VecDeque::new();
+        for tf_id in [1, 2] {
+            sh.act(ended(tf_id), &mut failed);
+            sh.act(
+                Action::Send {
+                    conn: 5,
+                    msg: Message::Release { tf_id },
+                },
+                &mut failed,
+            );
+        }
+        assert!(rx.try_recv().is_err(), "no row in the file: no Release");
+        sh.retry_held();
+        assert!(rx.try_recv().is_err(), "the disk is still full");
+        full.store(false, Ordering::Relaxed);
+        sh.retry_held();
+        let sent: Vec<Message> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        let releases = [1, 2].map(|tf_id| Message::Release { tf_id });
+        assert_eq!(sent, releases, "both, in order");
+        let rows = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        assert_eq!(rows.lines().count(), 2, "their rows first: {rows}");
+        assert!(failed.is_empty());
+        sh.act(ended(3), &mut failed);
+        let release = Message::Release { tf_id: 3 };
+        sh.send(5, release.clone(), &mut failed);
+        assert_eq!(rx.try_recv().ok(), Some(release), "at once, as before");
+    }
 }

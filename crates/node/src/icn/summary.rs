@@ -386,11 +386,14 @@ fn lines(p: &Path) -> impl Iterator<Item = String> {
     })
 }
 
+/// Where `TfCsv` writes: its files (a test's writer can fail on cue).
+type Sink = Box<dyn Write + Send>;
+
 /// Streams one row per ended TF to `tfs.csv`, and each EPN's load once a second to
 /// `loads.csv` (memory stays flat however long the run).
 pub struct TfCsv {
-    out: std::io::BufWriter<std::fs::File>,
-    loads: std::io::BufWriter<std::fs::File>,
+    out: std::io::BufWriter<Sink>,
+    loads: std::io::BufWriter<Sink>,
     /// Rows written since the last flush (a Release waits for them: `commit`).
     dirty: bool,
     /// After a take-over the rows go to a file of their own, `tfs.csv` at the end.
@@ -402,10 +405,10 @@ impl TfCsv {
 
     pub fn create(dir: &Path) -> anyhow::Result<TfCsv> {
         let f = create(&dir.join("tfs.csv"))?;
-        let mut out = std::io::BufWriter::new(f);
+        let mut out = std::io::BufWriter::new(Box::new(f) as Sink);
         writeln!(out, "{}", Self::HEADER)?;
         let f = create(&dir.join("loads.csv"))?;
-        let mut loads = std::io::BufWriter::new(f);
+        let mut loads = std::io::BufWriter::new(Box::new(f) as Sink);
         writeln!(loads, "time_s,epn,free_bytes,building")?;
         Ok(TfCsv {
             out,
@@ -419,7 +422,7 @@ impl TfCsv {
     /// the failed ICNs wrote (the next take-over reads this one file); loads go on.
     pub fn resume(dir: &Path, name: &str, rows: &[TfRow]) -> anyhow::Result<TfCsv> {
         let file = dir.join(name);
-        let mut out = std::io::BufWriter::new(create(&file)?);
+        let mut out = std::io::BufWriter::new(Box::new(create(&file)?) as Sink);
         writeln!(out, "{}", Self::HEADER)?;
         for r in rows {
             writeln!(out, "{}", Self::line(r))?;
@@ -432,10 +435,21 @@ impl TfCsv {
             .with_context(|| format!("opening {}", dir.join("loads.csv").display()))?;
         Ok(TfCsv {
             out,
-            loads: std::io::BufWriter::new(loads),
+            loads: std::io::BufWriter::new(Box::new(loads)),
             dirty: false,
             file,
         })
+    }
+
+    /// Rows to `out` (loads go nowhere), as if to `dir/tfs.csv`: for tests.
+    #[cfg(test)]
+    pub fn to_writer(out: Sink, dir: &Path) -> TfCsv {
+        TfCsv {
+            out: std::io::BufWriter::new(out),
+            loads: std::io::BufWriter::new(Box::new(std::io::sink())),
+            dirty: false,
+            file: dir.join("tfs.csv"),
+        }
     }
 
     /// Every row of a rows file a crashed ICN may have left: only whole lines count
