@@ -36,44 +36,44 @@ async fn send(a: &PeerArgs) -> anyhow::Result<PeerReport> {
         secret: fanin_node::auth::Secret::new(SECRET),
     });
     let stream = connect_epn(&ctx, 0, a.addr, None).await?;
-    let (tx, rx) = mpsc::channel(4);
-    let (done_tx, mut done) = mpsc::channel(4);
+    let window = flp_window(a.block);
+    let (tx, rx) = mpsc::channel(window);
+    let (done_tx, mut done) = mpsc::channel(window);
     let span = Span::start();
     tokio::spawn(send_loop(ctx, 0, stream, rx, done_tx));
-    let feed = async {
-        for tf in 0..a.blocks {
-            let job = StfJob {
-                tf,
-                epn: 0,
-                len: a.block,
-                queue: 0,
-            };
-            let out = Outgoing {
-                job,
-                payload: Payload::Synthetic,
-                crc: None,
-            };
-            if tx.send(out).await.is_err() {
-                break;
-            }
-        }
-        Ok(())
+    let out = |tf| Outgoing {
+        job: StfJob {
+            tf,
+            epn: 0,
+            len: a.block,
+            queue: 0,
+        },
+        payload: Payload::Synthetic,
+        crc: None,
     };
-    let count = async {
-        let mut ok = 0;
-        while ok < a.blocks {
-            match done.recv().await {
-                Some((_, true)) => ok += 1,
-                Some((job, false)) => bail!("fanin: STF of TF {} not sent", job.tf),
-                None => bail!("fanin: sender ended early"),
-            }
+    let (mut next, mut ok) = (0, 0);
+    while ok < a.blocks {
+        while next < a.blocks && next - ok < window as u64 {
+            // At most `window` in flight: the channel has room.
+            tx.try_send(out(next)).expect("room for the window");
+            next += 1;
         }
-        Ok(())
-    };
-    // The first error ends both (a failed count must not leave the feed waiting).
-    tokio::try_join!(feed, count)?;
+        match done.recv().await {
+            Some((_, true)) => ok += 1,
+            Some((job, false)) => bail!("fanin: STF of TF {} not sent", job.tf),
+            None => bail!("fanin: sender ended early"),
+        }
+    }
     tokio::task::spawn_blocking(super::peer::wait_for_bench).await?;
     Ok(span.report(a.block * a.blocks))
+}
+
+/// STFs in flight as an FLP with one EPN keeps them: within its default send buffer
+/// (all of it its one EPN's share) and its queue limit per EPN.
+fn flp_window(block: u64) -> usize {
+    let buffer = fanin_node::RunConfig::default().flp_buffer.0;
+    let jobs = fanin_node::flp::core::QUEUE_PER_EPN as u64;
+    (buffer / block.max(1)).clamp(1, jobs) as usize
 }
 
 async fn recv(a: &PeerArgs) -> anyhow::Result<PeerReport> {
