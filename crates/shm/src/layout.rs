@@ -32,6 +32,8 @@ const STATE: usize = 0;
 const SEQ: usize = 8;
 const TF_ID: usize = 16;
 const SIZE: usize = 24;
+/// The reader's own field: the run that scheduled the slot's STF (0: none yet).
+const SCHEDULED_RUN: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {
@@ -215,6 +217,9 @@ impl Mapping {
     }
     pub fn size(&self, slot: u64) -> &AtomicU64 {
         self.slot_field(slot, SIZE)
+    }
+    pub fn scheduled_run(&self, slot: u64) -> &AtomicU64 {
+        self.slot_field(slot, SCHEDULED_RUN)
     }
     pub fn write_seq(&self) -> &AtomicU64 {
         self.u64_at(WRITE_SEQ)

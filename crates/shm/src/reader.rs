@@ -15,6 +15,8 @@ pub struct Slot {
     pub seq: u64,
     pub tf_id: u64,
     pub size: u64,
+    /// The run that scheduled its STF, as a reader marked it (0: none).
+    pub scheduled_run: u64,
 }
 
 pub struct Reader {
@@ -112,12 +114,36 @@ impl Reader {
     /// Gives a slot back to the writer: false (and the slot untouched) when it no longer
     /// holds that STF, which only a second reader could have done.
     pub fn free(&self, s: &Slot) -> bool {
-        let seq = self.ring.seq(s.index).load(Ordering::Acquire);
+        if self.ring.seq(s.index).load(Ordering::Acquire) != s.seq {
+            return false;
+        }
+        // The mark is the reader's: cleared before the writer may reuse the slot.
+        self.ring.scheduled_run(s.index).store(0, Ordering::Release);
         let state = self.ring.state(s.index);
-        seq == s.seq
-            && state
-                .compare_exchange(READY, FREE, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        state
+            .compare_exchange(READY, FREE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Marks the slot's STF scheduled by `run` (nonzero), so that a reader attaching for
+    /// another run (its FLP killed before the Release came) knows that run is over.
+    pub fn mark_scheduled(&self, s: &Slot, run: u64) {
+        debug_assert_ne!(run, 0);
+        if self.ring.seq(s.index).load(Ordering::Acquire) == s.seq {
+            self.ring
+                .scheduled_run(s.index)
+                .store(run, Ordering::Release);
+        }
+    }
+
+    /// Attached for `run`: frees every STF found at attach that another run scheduled
+    /// (that run ended while no FLP held the ring: its TFs were counted in it and must not
+    /// be built again). Those this run or none scheduled stay. How many were freed.
+    pub fn free_earlier_runs(&mut self, run: u64) -> u64 {
+        let over = |s: &Slot| s.scheduled_run != 0 && s.scheduled_run != run;
+        let (gone, kept): (Vec<Slot>, Vec<Slot>) = self.backlog.drain(..).partition(over);
+        self.backlog = kept.into();
+        gone.iter().filter(|s| self.free(s)).count() as u64
     }
 
     pub fn slot_size(&self) -> u64 {
@@ -148,5 +174,6 @@ fn slot(ring: &Mapping, i: u64) -> Slot {
         seq: ring.seq(i).load(Ordering::Acquire),
         tf_id: ring.tf_id(i).load(Ordering::Acquire),
         size: ring.size(i).load(Ordering::Acquire),
+        scheduled_run: ring.scheduled_run(i).load(Ordering::Acquire),
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::{Reader, RingError, Writer};
+use crate::{Reader, RingError, Slot, Writer};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -110,6 +110,41 @@ fn freeing_a_slot_that_holds_another_stf_now_leaves_it_alone() {
     let next = r.poll().unwrap().expect("TF 2 is still there");
     assert_eq!(next.tf_id, 2);
     assert!(r.free(&next));
+    w.unlink().unwrap();
+}
+
+/// TFs 1-4 in a ring; an FLP of run 7 scheduled TFs 1 and 2 and was killed; TF 3 was
+/// scheduled by run 8 (a restarted FLP joined it), TF 4 never.
+#[test]
+fn a_reader_for_a_new_run_frees_what_an_earlier_run_scheduled() {
+    let n = name();
+    let mut w = Writer::create(&n, 4, 4096).unwrap();
+    for tf in 1..=4 {
+        assert!(w.write(tf, &data(tf, 10), false).unwrap());
+    }
+    let mut first = Reader::attach(&n).unwrap();
+    let slots: Vec<Slot> = std::iter::from_fn(|| first.poll().unwrap()).collect();
+    first.mark_scheduled(&slots[0], 7);
+    first.mark_scheduled(&slots[1], 7);
+    first.mark_scheduled(&slots[2], 8);
+    drop(first);
+    let mut again = Reader::attach(&n).unwrap();
+    assert_eq!(again.free_earlier_runs(8), 2, "run 7's TFs 1 and 2");
+    let left: Vec<(u64, u64)> = std::iter::from_fn(|| again.poll().unwrap())
+        .map(|s| (s.tf_id, s.scheduled_run))
+        .collect();
+    assert_eq!(left, [(3, 8), (4, 0)]);
+    drop(again);
+    let mut same = Reader::attach(&n).unwrap();
+    assert_eq!(same.free_earlier_runs(8), 0, "run 8 goes on: its own stay");
+    assert!(w.write(5, &data(5, 10), false).unwrap(), "into TF 1's slot");
+    let reused = std::iter::from_fn(|| same.poll().unwrap()).find(|s| s.tf_id == 5);
+    let reused = reused.expect("TF 5 comes");
+    assert_eq!(
+        (reused.index, reused.scheduled_run),
+        (0, 0),
+        "a freed slot's mark is gone"
+    );
     w.unlink().unwrap();
 }
 

@@ -73,6 +73,8 @@ pub enum Action {
     Stop,
     /// On-data: the STF's TF is over and no send uses it: give it back to the source.
     Free(TfId),
+    /// On-data: the run scheduled the STF's TF; the source notes it (a ring, in the slot).
+    Scheduled(TfId),
 }
 
 /// An STF the FLP holds (sent or queued and, with `retain`, kept until released).
@@ -445,6 +447,10 @@ impl FlpCore {
 
     fn on_assign(&mut self, tf: TfId, epn: EpnId) {
         let queue = self.queues.get(&epn).map(|q| q.id);
+        let first = self.kept.get(&tf).is_some_and(|k| !k.scheduled);
+        if first && self.on_data {
+            self.out.push_back(Action::Scheduled(tf));
+        }
         let kept = self.kept.get_mut(&tf).map(|k| {
             k.scheduled = true;
             *k
@@ -673,10 +679,14 @@ mod tests {
         drain(c)
     }
 
+    /// The one job among `a` (an on-data STF's first Assign also marks it scheduled).
     fn job(a: &[Action]) -> StfJob {
-        match a {
+        let rest: Vec<&Action> = (a.iter())
+            .filter(|x| !matches!(x, Action::Scheduled(_)))
+            .collect();
+        match rest[..] {
             [Action::Queue(j)] => *j,
-            other => panic!("expected one job, got {other:?}"),
+            ref other => panic!("expected one job, got {other:?}"),
         }
     }
 
@@ -899,11 +909,13 @@ mod tests {
         ];
         assert_eq!(drain(&mut c), [Action::Control(Message::StfAnnounce(want))]);
         assert_eq!(c.buffered(), 300, "held from production");
-        let j = job(&assign(&mut c, 4, 1));
+        let a = assign(&mut c, 4, 1);
+        assert_eq!(a[0], Action::Scheduled(4), "the source notes it first");
+        let j = job(&a);
         assert_eq!((j.tf, j.len), (4, 200));
         assert!(
             assign(&mut c, 4, 1).is_empty(),
-            "the same assignment again: nothing"
+            "the same assignment again: nothing (noted once)"
         );
         assert!(
             assign(&mut c, 9, 1).is_empty(),

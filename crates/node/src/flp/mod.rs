@@ -283,6 +283,11 @@ async fn start(
     let on_data = prep.schedule == Schedule::OnData;
     // A timer run makes synthetic payloads itself (`open` refuses other sources for it).
     let source = Source::open(&opts.source, me, &prep, size).map_err(NodeError::Fatal)?;
+    let earlier = source.freed_at_open();
+    if earlier > 0 {
+        tracing::warn!("FLP {me}: {earlier} STFs in its source were scheduled by an earlier run that is over: freed (run_over), not announced into run {}", prep.run_id);
+        metrics.stf("freed", "run_over", earlier);
+    }
     let source = on_data.then_some(source);
     let epns: Vec<EpnId> = list.iter().map(|e| e.epn_id).collect();
     let core = FlpCore::new(
@@ -615,6 +620,11 @@ impl Shell {
                     }
                     Action::Stop => stopped = true,
                     Action::Free(tf) => self.free(tf),
+                    Action::Scheduled(tf) => {
+                        if let Some(s) = self.source.as_mut() {
+                            s.scheduled(tf);
+                        }
+                    }
                 }
             }
         }
@@ -875,10 +885,10 @@ mod tests {
     }
 
     /// An on-data shell reading the ring `name` (STFs of up to 4 KiB), sending to EPN 0.
-    fn ring_shell(name: &str) -> (Shell, Arc<Metrics>) {
-        let metrics = Metrics::new("flp", Some(0));
-        let prep = Prepare {
-            run_id: 1,
+    /// Run `run_id`'s Prepare: on-data, 4 KiB STFs, re-sending.
+    fn ring_prep(run_id: u64) -> Prepare {
+        Prepare {
+            run_id,
             flps: 1,
             build_timeout_ms: 1000,
             crc: false,
@@ -894,13 +904,58 @@ mod tests {
             rate_mhz: 0,
             tfs: 100,
             pull: false,
-        };
+        }
+    }
+
+    fn ring_shell(name: &str) -> (Shell, Arc<Metrics>) {
+        let metrics = Metrics::new("flp", Some(0));
         let size = fanin_sched::StfSize::Fixed(4096);
         let spec = SourceSpec::Shm { name: name.into() };
-        let source = Source::open(&spec, 0, &prep, size).expect("the ring opens");
+        let source = Source::open(&spec, 0, &ring_prep(1), size).expect("the ring opens");
         let core = FlpCore::new(0, (size, 1, true, true), 64 << 10, &[0], metrics.clone());
         let ctx = send_ctx(&metrics);
         (Shell::new(core, ctx, Some(source), None).0, metrics)
+    }
+
+    /// An FLP of run 1 takes TFs 7 to 9 from its ring and the run schedules 7 and 8;
+    /// then the FLP dies before any Release. A successor in the same run hears all three
+    /// again; one in the next run frees 7 and 8 (their TFs ended in run 1) and hears 9.
+    #[tokio::test]
+    async fn stfs_a_dead_flps_run_scheduled_go_back_to_that_run_only() {
+        let name = format!("fanin-test-dead-flp-{}", std::process::id());
+        let mut w = fanin_shm::Writer::create(&name, 4, 4096).unwrap();
+        for tf in [7u64, 8, 9] {
+            assert!(w.write(tf, &[tf as u8; 100], false).unwrap());
+        }
+        let (mut sh, _) = ring_shell(&name);
+        sh.source.as_mut().unwrap().start(Duration::ZERO);
+        for _ in 0..3 {
+            let ev = next_stf(sh.source.as_mut(), sh.core.room()).await;
+            assert!(sh.source_event(ev).is_none(), "an STF, taken");
+        }
+        let (ctl, _ctl_rx) = mpsc::channel(64);
+        let (conn_tx, _conns) = mpsc::channel(64);
+        sh.feed(Input::Flush, &ctl, &conn_tx).await;
+        for tf_id in [7, 8] {
+            let assign = Message::Assign { tf_id, epn_id: 0 };
+            sh.feed(Input::Control(assign), &ctl, &conn_tx).await;
+        }
+        drop(sh); // killed: nothing released
+        let spec = SourceSpec::Shm { name: name.clone() };
+        let size = fanin_sched::StfSize::Fixed(4096);
+        let freed = |run| {
+            Source::open(&spec, 0, &ring_prep(run), size)
+                .unwrap()
+                .freed_at_open()
+        };
+        assert_eq!(freed(1), 0, "run 1 goes on: its STFs stay");
+        assert_eq!(freed(2), 2, "run 2: run 1's TFs 7 and 8 are over");
+        let mut again = fanin_shm::Reader::attach(&name).unwrap();
+        let left: Vec<u64> = std::iter::from_fn(|| again.poll().unwrap())
+            .map(|s| s.tf_id)
+            .collect();
+        assert_eq!(left, [9]);
+        w.unlink().unwrap();
     }
 
     /// How the run of `left_in_the_ring` ends for its FLP.

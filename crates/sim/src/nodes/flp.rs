@@ -235,7 +235,7 @@ impl World {
                 self.q.after(2 * self.net.latency(), ev);
             }
             Action::Stop => self.flp_run(i).expect("running").stopping = true,
-            Action::Free(_) => {}
+            Action::Free(_) | Action::Scheduled(_) => {}
         }
         None
     }

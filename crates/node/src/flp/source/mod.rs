@@ -171,7 +171,7 @@ impl Source {
             SourceSpec::Synthetic => {
                 Source::Synthetic(synthetic::Synthetic::new(me, prep, size, rate))
             }
-            SourceSpec::Shm { name } => Source::Shm(shm::Shm::attach(name, what)?),
+            SourceSpec::Shm { name } => Source::Shm(shm::Shm::attach(name, what, prep.run_id)?),
             SourceSpec::Exec { cmd } => Source::Exec(exec::Exec::spawn(cmd, me, what)?),
             SourceSpec::Replay { dir, rate_hz } => {
                 Source::Replay(replay::Replay::open(dir, me, rate_hz.or(rate), what)?)
@@ -204,6 +204,22 @@ impl Source {
     pub fn free(&mut self, tf: TfId) {
         if let Source::Shm(s) = self {
             s.free(tf);
+        }
+    }
+
+    /// The run scheduled `tf`: a ring notes it in the STF's slot (read by a successor if
+    /// this FLP dies before the Release).
+    pub fn scheduled(&mut self, tf: TfId) {
+        if let Source::Shm(s) = self {
+            s.scheduled(tf);
+        }
+    }
+
+    /// STFs found at open that an earlier run had scheduled, freed then (a ring's).
+    pub fn freed_at_open(&self) -> u64 {
+        match self {
+            Source::Shm(s) => s.freed_at_attach,
+            _ => 0,
         }
     }
 }

@@ -21,18 +21,34 @@ pub struct Shm {
     slots: HashMap<TfId, Slot>,
     last_tf: Option<TfId>,
     what: String,
+    /// The run this FLP serves (marked in the slots it schedules).
+    run_id: u64,
+    /// STFs an earlier run scheduled, found and freed at attach.
+    pub freed_at_attach: u64,
 }
 
 impl Shm {
-    pub fn attach(name: &str, what: String) -> anyhow::Result<Shm> {
-        let reader = Reader::attach(name).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    /// Attaches for run `run_id`. STFs left in the ring that another run scheduled (its
+    /// FLP died before that run released them, and the run is over) are freed: their TFs
+    /// ended in that run and must not be built again.
+    pub fn attach(name: &str, what: String, run_id: u64) -> anyhow::Result<Shm> {
+        let mut reader = Reader::attach(name).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let freed_at_attach = reader.free_earlier_runs(run_id);
         Ok(Shm {
             reader,
             pending: None,
             slots: HashMap::new(),
             last_tf: None,
             what,
+            run_id,
+            freed_at_attach,
         })
+    }
+
+    pub fn scheduled(&mut self, tf: TfId) {
+        if let Some(s) = self.slots.get(&tf) {
+            self.reader.mark_scheduled(s, self.run_id);
+        }
     }
 
     pub async fn next(&mut self, room: u64) -> Result<Event, SourceError> {
