@@ -208,6 +208,53 @@ pub struct RegistryUrl {
     pub path: String,
 }
 
+/// One `HOST:PORT` of a registry URL (a host may be a bracketed IPv6 address), or why not.
+fn parse_server(server: &str) -> std::result::Result<(String, u16), String> {
+    let (host, port) = server
+        .rsplit_once(':')
+        .ok_or_else(|| format!("server `{server}` has no port (expected HOST:PORT)"))?;
+    let host_ok = if let Some(inner) = host.strip_prefix('[') {
+        inner
+            .strip_suffix(']')
+            .is_some_and(|h| !h.is_empty() && h.contains(':'))
+    } else {
+        !host.is_empty() && !host.contains(['[', ']', ':', '@'])
+    };
+    if !host_ok {
+        return Err(format!("server `{server}` has an invalid host `{host}`"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok((host.to_string(), p)),
+        _ => Err(format!(
+            "server `{server}`: port `{port}` is not a number 1-65535"
+        )),
+    }
+}
+
+/// A registry URL's znode path (without a trailing slash): absolute, no empty or
+/// relative segment, outside ZooKeeper's own `/zookeeper`.
+fn check_path(path: &str) -> std::result::Result<(), String> {
+    if path.is_empty() {
+        return Err(
+            "no path (expected zk://HOST:PORT/PATH, e.g. zk://127.0.0.1:2181/fanin)".into(),
+        );
+    }
+    for segment in path[1..].split('/') {
+        if segment.is_empty() {
+            return Err(format!("path `{path}` has an empty segment"));
+        }
+        if segment == "." || segment == ".." {
+            return Err(format!("path `{path}` has a relative segment `{segment}`"));
+        }
+    }
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return Err(format!(
+            "path `{path}` is under ZooKeeper's reserved /zookeeper"
+        ));
+    }
+    Ok(())
+}
+
 impl RegistryUrl {
     pub fn parse(url: &str) -> Result<RegistryUrl> {
         let bad = |reason: String| RegistryError::Url {
@@ -232,56 +279,12 @@ impl RegistryUrl {
                 "no server (expected zk://HOST:PORT[,HOST:PORT]/PATH)".into()
             ));
         }
-        let mut servers = Vec::new();
-        for server in hosts.split(',') {
-            let (host, port) = server.rsplit_once(':').ok_or_else(|| {
-                bad(format!(
-                    "server `{server}` has no port (expected HOST:PORT)"
-                ))
-            })?;
-            let host_ok = if let Some(inner) = host.strip_prefix('[') {
-                inner
-                    .strip_suffix(']')
-                    .is_some_and(|h| !h.is_empty() && h.contains(':'))
-            } else {
-                !host.is_empty() && !host.contains(['[', ']', ':', '@'])
-            };
-            if !host_ok {
-                return Err(bad(format!(
-                    "server `{server}` has an invalid host `{host}`"
-                )));
-            }
-            let port = match port.parse::<u16>() {
-                Ok(p) if p > 0 => p,
-                _ => {
-                    return Err(bad(format!(
-                        "server `{server}`: port `{port}` is not a number 1-65535"
-                    )))
-                }
-            };
-            servers.push((host.to_string(), port));
-        }
+        let servers = hosts
+            .split(',')
+            .map(|server| parse_server(server).map_err(&bad))
+            .collect::<Result<Vec<_>>>()?;
         let path = path.trim_end_matches('/');
-        if path.is_empty() {
-            return Err(bad(
-                "no path (expected zk://HOST:PORT/PATH, e.g. zk://127.0.0.1:2181/fanin)".into(),
-            ));
-        }
-        for segment in path[1..].split('/') {
-            if segment.is_empty() {
-                return Err(bad(format!("path `{path}` has an empty segment")));
-            }
-            if segment == "." || segment == ".." {
-                return Err(bad(format!(
-                    "path `{path}` has a relative segment `{segment}`"
-                )));
-            }
-        }
-        if path == "/zookeeper" || path.starts_with("/zookeeper/") {
-            return Err(bad(format!(
-                "path `{path}` is under ZooKeeper's reserved /zookeeper"
-            )));
-        }
+        check_path(path).map_err(bad)?;
         Ok(RegistryUrl {
             servers,
             path: path.to_string(),
