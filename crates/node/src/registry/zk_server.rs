@@ -208,6 +208,13 @@ impl ZkServer {
     }
 
     fn spawn_and_wait(&mut self) -> anyhow::Result<()> {
+        let log_path = self.spawn()?;
+        self.wait_serving(&log_path)
+    }
+
+    /// Starts `zkServer.sh start-foreground` (in the namespace, if any) with its output
+    /// to the log, whose path it returns.
+    fn spawn(&mut self) -> anyhow::Result<PathBuf> {
         let log_path = self.dir.join("zookeeper.log");
         let log = fs::OpenOptions::new()
             .create(true)
@@ -250,8 +257,13 @@ impl ZkServer {
             .spawn()
             .with_context(|| format!("ZooKeeper server: starting {}", self.script.display()))?;
         self.child = Some(child);
-        let started = Instant::now();
-        let deadline = started + self.options.startup_timeout;
+        Ok(log_path)
+    }
+
+    /// Waits until the server serves; one that exits first, or does not serve within
+    /// the start-up time-out, is an error with the log's tail.
+    fn wait_serving(&mut self, log_path: &Path) -> anyhow::Result<()> {
+        let deadline = Instant::now() + self.options.startup_timeout;
         loop {
             if let Some(status) = self.child.as_mut().unwrap().try_wait()? {
                 self.child = None;
