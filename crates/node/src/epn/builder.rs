@@ -143,6 +143,11 @@ impl<V> Recent<V> {
 /// Closed TFs remembered, to recognise late STFs and late assignments.
 pub const RECENT_TFS: usize = 1 << 16;
 
+/// How long after an FLP's data connection ended a TF with no STF yet still waits
+/// before its build time-out starts: an FLP's stall limit (10 s), time for it to come
+/// back (restarted from its ring, rejoining, after a take-over) and send.
+pub const FLP_GONE_GRACE_US: u64 = 10_000_000;
+
 pub struct Builder<P> {
     me: EpnId,
     flps: u32,
@@ -419,14 +424,15 @@ impl<P> Builder<P> {
     }
 
     /// FLP `flp` has no data connection here any more: every TF still waiting for its
-    /// STF starts its time-out now if it has not (an assigned TF none of whose STFs came,
-    /// each lost in a reset connection, would otherwise never end, and in pull mode hold
-    /// this EPN's transfer tokens for good).
+    /// STF whose time-out has not started starts it `FLP_GONE_GRACE_US` from now (an
+    /// assigned TF none of whose STFs came, each lost in a reset connection, would
+    /// otherwise never end, and in pull mode hold this EPN's transfer tokens for good;
+    /// the grace lets an FLP that connects again, restarted or rejoining, still send).
     pub fn flp_gone(&mut self, flp: FlpId, now_us: u64) {
         let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
         for s in self.slots.values_mut() {
             if s.have.get(w).is_some_and(|x| x & bit == 0) {
-                s.first_us.get_or_insert(now_us);
+                s.first_us.get_or_insert(now_us + FLP_GONE_GRACE_US);
             }
         }
     }
@@ -562,7 +568,7 @@ mod tests {
     }
 
     /// TF 1 has no STF, TF 2 has FLP 1's (at 495 µs); FLP 1's data connection ends at
-    /// 500 µs. TF 1's time-out runs from then; TF 2's from its STF, as before.
+    /// 500 µs. TF 1's time-out runs from the grace after that; TF 2's from its STF.
     #[test]
     fn an_flp_gone_starts_the_time_out_of_tfs_waiting_for_its_stf() {
         let mut b = Builder::new(0, 2, 10, 16);
@@ -577,9 +583,10 @@ mod tests {
         b.tick(505, &mut out);
         let tf2 = (2, TfStatus::Incomplete, Reason::BuildTimeout);
         assert_eq!(reports(&out), vec![tf2]);
-        b.tick(509, &mut out);
+        let from = 500 + FLP_GONE_GRACE_US;
+        b.tick(from + 9, &mut out);
         assert_eq!(reports(&out).len(), 1);
-        b.tick(510, &mut out);
+        b.tick(from + 10, &mut out);
         let tf1 = (1, TfStatus::Incomplete, Reason::BuildTimeout);
         assert_eq!(reports(&out), vec![tf2, tf1]);
         assert_eq!(b.building(), 0);

@@ -589,9 +589,10 @@ mod tests {
         c.handle(5_000_000, Input::Tick { free_bytes: 0 });
         assert!(reports(&drain(&mut c)).is_empty(), "no STF: no clock");
         c.handle(6_000_000, Input::FlpGone { flp: 0 });
-        c.handle(6_999_999, Input::Tick { free_bytes: 0 });
+        let due = 7_000_000 + crate::epn::builder::FLP_GONE_GRACE_US;
+        c.handle(due - 1, Input::Tick { free_bytes: 0 });
         assert!(reports(&drain(&mut c)).is_empty());
-        c.handle(7_000_000, Input::Tick { free_bytes: 0 });
+        c.handle(due, Input::Tick { free_bytes: 0 });
         assert_eq!(reports(&drain(&mut c)), [(7, TfStatus::Incomplete)]);
     }
 
