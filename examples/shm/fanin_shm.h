@@ -32,7 +32,9 @@ struct fanin_shm_header {  /* at offset 0 of the file; zero up to 4096 */
 
 struct fanin_shm_entry {   /* the slot table: N of them from offset 4096 */
     uint32_t state, zero;
-    uint64_t seq, tf_id, size, scheduled_run /* the FLP's: never written here */, zero2[3];
+    uint64_t seq, tf_id, size;
+    uint64_t scheduled_run, scheduled_seq; /* the FLP's own: never written here */
+    uint64_t zero2[2];
 };
 typedef char fanin_shm_entry_is_64_bytes[sizeof(struct fanin_shm_entry) == 64 ? 1 : -1];
 

@@ -32,8 +32,10 @@ const STATE: usize = 0;
 const SEQ: usize = 8;
 const TF_ID: usize = 16;
 const SIZE: usize = 24;
-/// The reader's own field: the run that scheduled the slot's STF (0: none yet).
+/// The reader's own fields: the run that scheduled the slot's STF (0: none yet), and
+/// that STF's `seq + 1` (a mark counts only for the STF it was made for).
 const SCHEDULED_RUN: usize = 32;
+const SCHEDULED_SEQ: usize = 40;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {
@@ -220,6 +222,9 @@ impl Mapping {
     }
     pub fn scheduled_run(&self, slot: u64) -> &AtomicU64 {
         self.slot_field(slot, SCHEDULED_RUN)
+    }
+    pub fn scheduled_seq(&self, slot: u64) -> &AtomicU64 {
+        self.slot_field(slot, SCHEDULED_SEQ)
     }
     pub fn write_seq(&self) -> &AtomicU64 {
         self.u64_at(WRITE_SEQ)

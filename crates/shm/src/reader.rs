@@ -15,7 +15,8 @@ pub struct Slot {
     pub seq: u64,
     pub tf_id: u64,
     pub size: u64,
-    /// The run that scheduled its STF, as a reader marked it (0: none).
+    /// The run that scheduled this STF, as a reader marked it (0: none, or a mark left
+    /// for an earlier STF of the slot).
     pub scheduled_run: u64,
 }
 
@@ -118,6 +119,7 @@ impl Reader {
             return false;
         }
         // The mark is the reader's: cleared before the writer may reuse the slot.
+        self.ring.scheduled_seq(s.index).store(0, Ordering::Release);
         self.ring.scheduled_run(s.index).store(0, Ordering::Release);
         let state = self.ring.state(s.index);
         state
@@ -125,14 +127,18 @@ impl Reader {
             .is_ok()
     }
 
-    /// Marks the slot's STF scheduled by `run` (nonzero), so that a reader attaching for
-    /// another run (its FLP killed before the Release came) knows that run is over.
+    /// Marks the slot's STF scheduled by `run`, so that a reader attaching for another
+    /// run (its FLP killed before the Release came) knows that run is over. The mark
+    /// names the STF's `seq` too, written last: a mark half made, or left by a reader
+    /// that did not clear it, never counts for another STF. Run 0 marks nothing.
     pub fn mark_scheduled(&self, s: &Slot, run: u64) {
-        debug_assert_ne!(run, 0);
-        if self.ring.seq(s.index).load(Ordering::Acquire) == s.seq {
+        if run != 0 && self.ring.seq(s.index).load(Ordering::Acquire) == s.seq {
             self.ring
                 .scheduled_run(s.index)
                 .store(run, Ordering::Release);
+            self.ring
+                .scheduled_seq(s.index)
+                .store(s.seq + 1, Ordering::Release);
         }
     }
 
@@ -169,11 +175,15 @@ impl Payload {
 }
 
 fn slot(ring: &Mapping, i: u64) -> Slot {
+    let seq = ring.seq(i).load(Ordering::Acquire);
     Slot {
         index: i,
-        seq: ring.seq(i).load(Ordering::Acquire),
+        seq,
         tf_id: ring.tf_id(i).load(Ordering::Acquire),
         size: ring.size(i).load(Ordering::Acquire),
-        scheduled_run: ring.scheduled_run(i).load(Ordering::Acquire),
+        scheduled_run: match ring.scheduled_seq(i).load(Ordering::Acquire) == seq + 1 {
+            true => ring.scheduled_run(i).load(Ordering::Acquire),
+            false => 0,
+        },
     }
 }

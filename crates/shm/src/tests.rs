@@ -148,6 +148,33 @@ fn a_reader_for_a_new_run_frees_what_an_earlier_run_scheduled() {
     w.unlink().unwrap();
 }
 
+/// A mark left on a slot whose STF was freed without clearing it (an FLP of an older
+/// version, say) does not count for the next STF written there.
+#[test]
+fn a_mark_counts_only_for_the_stf_it_was_made_for() {
+    let n = name();
+    let mut w = Writer::create(&n, 1, 4096).unwrap();
+    assert!(w.write(1, &data(1, 10), false).unwrap());
+    let mut r = Reader::attach(&n).unwrap();
+    let s = r.poll().unwrap().unwrap();
+    r.mark_scheduled(&s, 7);
+    // Freed as an FLP that knows no marks would: the mark stays.
+    let path = crate::ring_path(&n);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path);
+    let raw = crate::layout::Mapping::map(&file.unwrap(), &path).unwrap();
+    raw.state(0).store(crate::layout::FREE, Ordering::Release);
+    assert!(w.write(2, &data(2, 10), false).unwrap());
+    drop(r);
+    let mut again = Reader::attach(&n).unwrap();
+    assert_eq!(again.free_earlier_runs(8), 0, "TF 2 was never scheduled");
+    let s = again.poll().unwrap();
+    assert_eq!(s.map(|s| (s.tf_id, s.scheduled_run)), Some((2, 0)));
+    w.unlink().unwrap();
+}
+
 #[test]
 fn a_waiting_writer_goes_on_when_the_reader_frees() {
     let n = name();
