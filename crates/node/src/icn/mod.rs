@@ -2,6 +2,7 @@
 //! registry, and moves bytes and time in and out of the pure `core::IcnCore`.
 
 pub mod core;
+mod held;
 pub mod ledger;
 mod peer;
 pub mod run_state;
@@ -50,10 +51,10 @@ const EVENT_QUEUE: usize = 4096;
 /// TF ids one ICN reserves at once when the run length is not known in advance.
 const ID_BLOCK: u64 = 1 << 32;
 
-/// Release and Abandon frames held back at most while the rows file cannot be written
-/// (about 64 MiB); beyond, one is not sent (counted `frees_not_sent`) and its FLPs keep
-/// those STFs until the run stops.
-const MAX_HELD_FREES: usize = 1 << 20;
+/// Frames held back at most while the rows file cannot be written (about 64 MiB). At
+/// the limit the ICN gives up holding: what waits goes out, except the Releases and
+/// Abandons (counted `frees_not_sent`; FLPs keep those STFs until the run stops).
+const MAX_HELD: usize = 1 << 20;
 
 /// Binds the control port, prints `listening control=ADDR metrics=ADDR`, runs one
 /// run to its end and returns its summary (also written to the results directory).
@@ -386,9 +387,8 @@ struct Shell {
     /// told of the failure, closes them.
     failed: std::collections::HashSet<ConnId>,
     tfs_csv: Option<TfCsv>,
-    /// Frames that free STFs (Release, Abandon), held back in order while the rows
-    /// before them cannot reach the rows file (at most `MAX_HELD_FREES`).
-    held: VecDeque<(ConnId, Message)>,
+    /// Frames held back while the rows before them cannot reach the rows file.
+    held: held::Held,
     progress: bool,
     run_start_unix_us: u64,
     /// (time s, TFs completed) a second ago and the TF rate since, for the live status.
@@ -431,7 +431,7 @@ impl Shell {
             conns: HashMap::new(),
             failed: Default::default(),
             tfs_csv,
-            held: VecDeque::new(),
+            held: held::Held::new(MAX_HELD),
             progress,
             run_start_unix_us: 0,
             rate: ((0.0, 0), 0.0),
@@ -570,45 +570,60 @@ impl Shell {
 
     /// A frame to a connection; a failure to queue it comes back as an input. A TF's
     /// STFs are freed only once its row is in the file: a frame that frees them
-    /// (Release, Abandon) waits, behind those held already, until the rows are.
+    /// (Release, Abandon), and every later frame to its connection, waits until the
+    /// rows are.
     fn send(&mut self, conn: ConnId, msg: Message, failed: &mut VecDeque<Input>) {
-        if !matches!(msg, Message::Release { .. } | Message::Abandon { .. }) {
+        if !self.held.must_wait(conn, &msg) {
             return failed.extend(self.deliver(conn, msg));
         }
-        if self.held.len() >= MAX_HELD_FREES {
-            // Its FLPs keep those STFs until the run stops (RunStop frees them).
-            self.core.metrics_error("frees_not_sent");
-            return;
+        let Err(msg) = self.held.push(conn, msg) else {
+            return self.send_held(failed);
+        };
+        // Held too long: what waits goes out without its frees, and so does this frame.
+        tracing::error!("ICN: {MAX_HELD} frames held back for the rows file: sent without their Releases and Abandons");
+        let mut left_out = self.release_held(true, failed);
+        match held::frees(&msg) {
+            true => left_out += 1,
+            false => failed.extend(self.deliver(conn, msg)),
         }
-        self.held.push_back((conn, msg));
-        self.send_held(failed);
+        (0..left_out).for_each(|_| self.core.metrics_error("frees_not_sent"));
     }
 
-    /// The frames held back go out in order, once the rows before them are in the file.
+    /// The frames held back go out once the rows before them are in the file; after
+    /// RunStop at once, without their frees (the FLPs freed every STF the run
+    /// scheduled, and read no more).
     fn send_held(&mut self, failed: &mut VecDeque<Input>) {
-        if self.held.is_empty() || !self.commit_rows() {
-            return;
-        }
-        while let Some((conn, msg)) = self.held.pop_front() {
-            failed.extend(self.deliver(conn, msg));
-        }
-    }
-
-    /// Every 250 ms, frames held back go out if the rows file takes the rows now. After
-    /// RunStop they are dropped: the FLPs freed every STF the run scheduled, and read
-    /// no more.
-    fn retry_held(&mut self) {
         if self.held.is_empty() {
             return;
         }
-        if matches!(self.core.phase(), Phase::Stopping | Phase::Done) {
-            let n = self.held.len();
-            tracing::warn!(
-                "ICN: {n} Release and Abandon frames held back are not sent: the run stopped"
-            );
-            self.held.clear();
-            return;
+        match matches!(self.core.phase(), Phase::Stopping | Phase::Done) {
+            true => {
+                let n = self.release_held(true, failed);
+                if n > 0 {
+                    tracing::warn!(
+                        "ICN: {n} Releases and Abandons held back are not sent: the run stopped"
+                    );
+                }
+            }
+            false if self.commit_rows() => {
+                self.release_held(false, failed);
+            }
+            false => {}
         }
+    }
+
+    /// Sends every frame held, in order, without the frees if `drop_frees`: how many
+    /// were left out.
+    fn release_held(&mut self, drop_frees: bool, failed: &mut VecDeque<Input>) -> usize {
+        let (frames, left_out) = self.held.take(drop_frees);
+        for (conn, msg) in frames {
+            failed.extend(self.deliver(conn, msg));
+        }
+        left_out
+    }
+
+    /// Every 250 ms: frames held back go out if the rows file takes the rows now.
+    fn retry_held(&mut self) {
         let mut failed = VecDeque::new();
         self.send_held(&mut failed);
         for f in failed {
@@ -707,6 +722,7 @@ impl Shell {
         while let Some(action) = self.core.poll_action() {
             self.act(action, &mut failed);
         }
+        self.send_held(&mut failed); // the last frames held back (the run is Done)
         summary.run_start_unix_us = self.run_start_unix_us;
         // The counts reach the log even when the results directory is gone or full.
         log_counts(&summary);
@@ -852,13 +868,31 @@ mod tests {
             );
         }
         assert!(rx.try_recv().is_err(), "no row in the file: no Release");
+        let assign = Message::Assign {
+            tf_id: 1,
+            epn_id: 0,
+        };
+        sh.send(5, assign.clone(), &mut failed);
+        assert!(
+            rx.try_recv().is_err(),
+            "behind the Releases to the same peer"
+        );
+        let (tx, mut other) = mpsc::channel(16);
+        let (kill, _killed) = oneshot::channel();
+        sh.conns.insert(6, Conn { tx, _kill: kill });
+        sh.send(6, assign.clone(), &mut failed);
+        assert_eq!(
+            other.try_recv().ok(),
+            Some(assign.clone()),
+            "another peer's: at once"
+        );
         sh.retry_held();
         assert!(rx.try_recv().is_err(), "the disk is still full");
         full.store(false, Ordering::Relaxed);
         sh.retry_held();
         let sent: Vec<Message> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
         let releases = [1, 2].map(|tf_id| Message::Release { tf_id });
-        assert_eq!(sent, releases, "both, in order");
+        assert_eq!(sent, [&releases[..], &[assign]].concat(), "all, in order");
         let rows = String::from_utf8(got.lock().unwrap().clone()).unwrap();
         assert_eq!(rows.lines().count(), 2, "their rows first: {rows}");
         assert!(failed.is_empty());

@@ -389,13 +389,19 @@ fn lines(p: &Path) -> impl Iterator<Item = String> {
 /// Where `TfCsv` writes: its files (a test's writer can fail on cue).
 type Sink = Box<dyn Write + Send>;
 
+/// Rows pending for the file at most (about a million TFs' rows).
+const MAX_PENDING: usize = 64 << 20;
+/// Rows pending before `TfCsv::row` writes them out without waiting for a commit.
+const WRITE_AT: usize = 64 << 10;
+
 /// Streams one row per ended TF to `tfs.csv`, and each EPN's load once a second to
 /// `loads.csv` (memory stays flat however long the run).
 pub struct TfCsv {
-    out: std::io::BufWriter<Sink>,
+    out: Sink,
+    /// Rows not in the file yet, whole, in order: a failed or partial write loses none
+    /// (a Release waits for them: `commit`). At most `MAX_PENDING` bytes.
+    pending: Vec<u8>,
     loads: std::io::BufWriter<Sink>,
-    /// Rows written since the last flush (a Release waits for them: `commit`).
-    dirty: bool,
     /// After a take-over the rows go to a file of their own, `tfs.csv` at the end.
     file: std::path::PathBuf,
 }
@@ -404,16 +410,14 @@ impl TfCsv {
     pub const HEADER: &'static str = "tf_id,epn,issue_time_s,ack_time_s,latency_ms,status,reason";
 
     pub fn create(dir: &Path) -> anyhow::Result<TfCsv> {
-        let f = create(&dir.join("tfs.csv"))?;
-        let mut out = std::io::BufWriter::new(Box::new(f) as Sink);
-        writeln!(out, "{}", Self::HEADER)?;
+        let out = Box::new(create(&dir.join("tfs.csv"))?);
         let f = create(&dir.join("loads.csv"))?;
         let mut loads = std::io::BufWriter::new(Box::new(f) as Sink);
         writeln!(loads, "time_s,epn,free_bytes,building")?;
         Ok(TfCsv {
             out,
+            pending: format!("{}\n", Self::HEADER).into_bytes(),
             loads,
-            dirty: false,
             file: dir.join("tfs.csv"),
         })
     }
@@ -422,21 +426,23 @@ impl TfCsv {
     /// the failed ICNs wrote (the next take-over reads this one file); loads go on.
     pub fn resume(dir: &Path, name: &str, rows: &[TfRow]) -> anyhow::Result<TfCsv> {
         let file = dir.join(name);
-        let mut out = std::io::BufWriter::new(Box::new(create(&file)?) as Sink);
-        writeln!(out, "{}", Self::HEADER)?;
+        let mut text = format!("{}\n", Self::HEADER);
         for r in rows {
-            writeln!(out, "{}", Self::line(r))?;
+            text.push_str(&Self::line(r));
+            text.push('\n');
         }
-        out.flush()?;
+        let mut out = create(&file)?;
+        out.write_all(text.as_bytes())
+            .with_context(|| format!("writing {}", file.display()))?;
         let loads = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .open(dir.join("loads.csv"))
             .with_context(|| format!("opening {}", dir.join("loads.csv").display()))?;
         Ok(TfCsv {
-            out,
+            out: Box::new(out),
+            pending: Vec::new(),
             loads: std::io::BufWriter::new(Box::new(loads)),
-            dirty: false,
             file,
         })
     }
@@ -445,9 +451,9 @@ impl TfCsv {
     #[cfg(test)]
     pub fn to_writer(out: Sink, dir: &Path) -> TfCsv {
         TfCsv {
-            out: std::io::BufWriter::new(out),
+            out,
+            pending: Vec::new(),
             loads: std::io::BufWriter::new(Box::new(std::io::sink())),
-            dirty: false,
             file: dir.join("tfs.csv"),
         }
     }
@@ -474,11 +480,20 @@ impl TfCsv {
     /// The rows written so far reach the file (the kernel) before a Release leaves:
     /// a TF is never freed by its FLPs without its row (a group commit).
     pub fn commit(&mut self) -> std::io::Result<()> {
-        if self.dirty {
-            self.out.flush()?;
-            self.dirty = false;
+        self.write_out()
+    }
+
+    /// Writes what is pending, keeping whatever the file did not take.
+    fn write_out(&mut self) -> std::io::Result<()> {
+        while !self.pending.is_empty() {
+            match self.out.write(&self.pending) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => drop(self.pending.drain(..n)),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
-        Ok(())
+        self.out.flush()
     }
 
     /// One `loads.csv` row: an EPN's load report at `t_us` of the run.
@@ -493,9 +508,23 @@ impl TfCsv {
         writeln!(self.loads, "{t:.3},{epn},{free_bytes},{building}")
     }
 
+    /// Queues a row; it reaches the file with the next commit (or once 64 KiB wait).
+    /// While the file takes nothing, at most `MAX_PENDING` bytes of rows wait; beyond,
+    /// a row is dropped, with this error.
     pub fn row(&mut self, r: &TfRow) -> std::io::Result<()> {
-        self.dirty = true;
-        writeln!(self.out, "{}", Self::line(r))
+        if self.pending.len() >= MAX_PENDING {
+            let why = format!(
+                "{MAX_PENDING} bytes of rows wait for the file: row of TF {} dropped",
+                r.tf_id
+            );
+            return Err(std::io::Error::other(why));
+        }
+        self.pending.extend_from_slice(Self::line(r).as_bytes());
+        self.pending.push(b'\n');
+        match self.pending.len() >= WRITE_AT {
+            true => self.write_out(),
+            false => Ok(()),
+        }
     }
 
     /// One row as `tfs.csv` holds it (without the line end).
@@ -515,7 +544,7 @@ impl TfCsv {
 
     /// Writes buffered rows out (every 250 ms), so a crashed ICN leaves its record.
     pub fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()?;
+        self.write_out()?;
         self.loads.flush()
     }
 
@@ -524,7 +553,7 @@ impl TfCsv {
     pub fn finish(mut self) -> anyhow::Result<()> {
         let file = self.file.clone();
         let named = |f: &Path, e: std::io::Error| anyhow::anyhow!("writing {}: {e}", f.display());
-        self.out.flush().map_err(|e| named(&file, e))?;
+        self.write_out().map_err(|e| named(&file, e))?;
         let loads = file.with_file_name("loads.csv");
         self.loads.flush().map_err(|e| named(&loads, e))?;
         let tfs = file.with_file_name("tfs.csv");
@@ -575,6 +604,62 @@ mod tests {
     use super::*;
     use crate::RunConfig;
     use fanin_proto::{Reason, TfStatus};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    /// A rows file that takes at most 100 bytes a write, and nothing while `full`.
+    struct Trickle {
+        full: Arc<AtomicBool>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.full.load(Ordering::Relaxed) {
+                return Err(std::io::Error::other("no space left on device"));
+            }
+            let n = b.len().min(100);
+            self.got.lock().unwrap().extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn rows_wait_whole_while_the_file_takes_nothing_and_all_arrive_after() {
+        let full = Arc::new(AtomicBool::new(true));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let disk = Trickle {
+            full: full.clone(),
+            got: got.clone(),
+        };
+        let mut csv = TfCsv::to_writer(Box::new(disk), Path::new("results"));
+        let row = |tf_id| TfRow {
+            tf_id,
+            epn: Some(1),
+            issued_us: tf_id * 1000,
+            ended_us: tf_id * 1000 + 500,
+            status: TfStatus::Complete,
+            reason: Reason::None,
+        };
+        let rows = 3000; // over 64 KiB: written out (and refused) on the way
+        let refused = (0..rows).filter(|&tf| csv.row(&row(tf)).is_err()).count();
+        assert!(refused > 0, "the full file refused a write");
+        assert!(csv.commit().is_err());
+        full.store(false, Ordering::Relaxed);
+        csv.commit().expect("the file takes them now");
+        let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        let back: Vec<u64> = (text.lines())
+            .map(|l| TfRow::parse(l).expect("a whole row").tf_id)
+            .collect();
+        assert_eq!(
+            back,
+            (0..rows).collect::<Vec<_>>(),
+            "every row, once, in order"
+        );
+    }
 
     fn paced_run(last_issue_us: u64) -> Summary {
         lossy_run(last_issue_us, 0, 1.0)
