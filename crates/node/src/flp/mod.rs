@@ -917,22 +917,29 @@ mod tests {
         (Shell::new(core, ctx, Some(source), None).0, metrics)
     }
 
+    /// A ring of 4 slots holding `tfs` (100 bytes each), and run 1's FLP shell on it,
+    /// which took them all.
+    async fn ring_taken(name: &str, tfs: &[u64]) -> (fanin_shm::Writer, Shell, Arc<Metrics>) {
+        let mut w = fanin_shm::Writer::create(name, 4, 4096).unwrap();
+        for &tf in tfs {
+            assert!(w.write(tf, &[tf as u8; 100], false).unwrap());
+        }
+        let (mut sh, metrics) = ring_shell(name);
+        sh.source.as_mut().unwrap().start(Duration::ZERO);
+        for _ in tfs {
+            let ev = next_stf(sh.source.as_mut(), sh.core.room()).await;
+            assert!(sh.source_event(ev).is_none(), "an STF, taken");
+        }
+        (w, sh, metrics)
+    }
+
     /// An FLP of run 1 takes TFs 7 to 9 from its ring and the run schedules 7 and 8;
     /// then the FLP dies before any Release. A successor in the same run hears all three
     /// again; one in the next run frees 7 and 8 (their TFs ended in run 1) and hears 9.
     #[tokio::test]
     async fn stfs_a_dead_flps_run_scheduled_go_back_to_that_run_only() {
         let name = format!("fanin-test-dead-flp-{}", std::process::id());
-        let mut w = fanin_shm::Writer::create(&name, 4, 4096).unwrap();
-        for tf in [7u64, 8, 9] {
-            assert!(w.write(tf, &[tf as u8; 100], false).unwrap());
-        }
-        let (mut sh, _) = ring_shell(&name);
-        sh.source.as_mut().unwrap().start(Duration::ZERO);
-        for _ in 0..3 {
-            let ev = next_stf(sh.source.as_mut(), sh.core.room()).await;
-            assert!(sh.source_event(ev).is_none(), "an STF, taken");
-        }
+        let (w, mut sh, _) = ring_taken(&name, &[7, 8, 9]).await;
         let (ctl, _ctl_rx) = mpsc::channel(64);
         let (conn_tx, _conns) = mpsc::channel(64);
         sh.feed(Input::Flush, &ctl, &conn_tx).await;
@@ -973,16 +980,7 @@ mod tests {
     /// TFs does the ring still hold, and how many STFs were counted dropped, and why?
     async fn left_in_the_ring(end: RunEnd) -> (Vec<u64>, Vec<(String, u64)>) {
         let name = format!("fanin-test-run-end-{}-{end:?}", std::process::id());
-        let mut w = fanin_shm::Writer::create(&name, 4, 4096).unwrap();
-        for tf in [7u64, 8, 9, 10] {
-            assert!(w.write(tf, &[tf as u8; 100], false).unwrap());
-        }
-        let (mut sh, metrics) = ring_shell(&name);
-        sh.source.as_mut().unwrap().start(Duration::ZERO);
-        for _ in 0..4 {
-            let ev = next_stf(sh.source.as_mut(), sh.core.room()).await;
-            assert!(sh.source_event(ev).is_none(), "an STF, taken");
-        }
+        let (w, mut sh, metrics) = ring_taken(&name, &[7, 8, 9, 10]).await;
         sh.core.handle(Input::Flush);
         for (tf_id, epn_id) in [(7, 0), (8, 0), (10, 5)] {
             sh.core

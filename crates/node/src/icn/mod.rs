@@ -788,31 +788,11 @@ mod tests {
     use super::*;
     use crate::icn::ledger::TfRow;
     use fanin_proto::{Reason, TfStatus};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Mutex;
-
-    /// A rows file that refuses every write while `full` is set (a full disk), then
-    /// takes them into `got`.
-    struct Disk {
-        full: Arc<AtomicBool>,
-        got: Arc<Mutex<Vec<u8>>>,
-    }
-
-    impl std::io::Write for Disk {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            if self.full.load(Ordering::Relaxed) {
-                return Err(std::io::Error::other("no space left on device"));
-            }
-            self.got.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use std::sync::atomic::Ordering;
+    use summary::TestDisk;
 
     /// An ICN shell whose rows go to `disk`, with one control connection (id 5).
-    fn shell(disk: Disk) -> (Shell, mpsc::Receiver<Message>, oneshot::Receiver<()>) {
+    fn shell(disk: TestDisk) -> (Shell, mpsc::Receiver<Message>, oneshot::Receiver<()>) {
         let run = crate::config::RunConfig::default().check().unwrap();
         let core = IcnCore::new(
             CoreConfig {
@@ -849,12 +829,8 @@ mod tests {
 
     #[test]
     fn a_release_waits_for_its_row_and_goes_out_once_the_rows_file_takes_it() {
-        let full = Arc::new(AtomicBool::new(true));
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let disk = Disk {
-            full: full.clone(),
-            got: got.clone(),
-        };
+        let disk = TestDisk::full(usize::MAX);
+        let (full, got) = (disk.full.clone(), disk.got.clone());
         let (mut sh, mut rx, _killed) = shell(disk);
         let mut failed = VecDeque::new();
         for tf_id in [1, 2] {

@@ -389,6 +389,42 @@ fn lines(p: &Path) -> impl Iterator<Item = String> {
 /// Where `TfCsv` writes: its files (a test's writer can fail on cue).
 type Sink = Box<dyn Write + Send>;
 
+/// A rows file for tests: takes nothing while `full` (a full disk), then at most
+/// `per_write` bytes a write into `got`.
+#[cfg(test)]
+pub struct TestDisk {
+    pub full: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub got: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    per_write: usize,
+}
+
+#[cfg(test)]
+impl TestDisk {
+    /// A disk full for now.
+    pub fn full(per_write: usize) -> TestDisk {
+        TestDisk {
+            full: std::sync::Arc::new(true.into()),
+            got: Default::default(),
+            per_write,
+        }
+    }
+}
+
+#[cfg(test)]
+impl Write for TestDisk {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.full.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(std::io::Error::other("no space left on device"));
+        }
+        let n = b.len().min(self.per_write);
+        self.got.lock().unwrap().extend_from_slice(&b[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Rows pending for the file at most (about a million TFs' rows).
 const MAX_PENDING: usize = 64 << 20;
 /// Rows pending before `TfCsv::row` writes them out without waiting for a commit.
@@ -604,37 +640,12 @@ mod tests {
     use super::*;
     use crate::RunConfig;
     use fanin_proto::{Reason, TfStatus};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
-
-    /// A rows file that takes at most 100 bytes a write, and nothing while `full`.
-    struct Trickle {
-        full: Arc<AtomicBool>,
-        got: Arc<Mutex<Vec<u8>>>,
-    }
-
-    impl Write for Trickle {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            if self.full.load(Ordering::Relaxed) {
-                return Err(std::io::Error::other("no space left on device"));
-            }
-            let n = b.len().min(100);
-            self.got.lock().unwrap().extend_from_slice(&b[..n]);
-            Ok(n)
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn rows_wait_whole_while_the_file_takes_nothing_and_all_arrive_after() {
-        let full = Arc::new(AtomicBool::new(true));
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let disk = Trickle {
-            full: full.clone(),
-            got: got.clone(),
-        };
+        let disk = TestDisk::full(100);
+        let (full, got) = (disk.full.clone(), disk.got.clone());
         let mut csv = TfCsv::to_writer(Box::new(disk), Path::new("results"));
         let row = |tf_id| TfRow {
             tf_id,
