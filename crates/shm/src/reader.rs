@@ -118,13 +118,17 @@ impl Reader {
         if self.ring.seq(s.index).load(Ordering::Acquire) != s.seq {
             return false;
         }
-        // The mark is the reader's: cleared before the writer may reuse the slot.
-        self.ring.scheduled_seq(s.index).store(0, Ordering::Release);
-        self.ring.scheduled_run(s.index).store(0, Ordering::Release);
         let state = self.ring.state(s.index);
-        state
+        let freed = state
             .compare_exchange(READY, FREE, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if freed {
+            // The mark is the reader's (a writer never touches it) and names the STF's
+            // seq: cleared after the slot went back, it can only be this STF's.
+            self.ring.scheduled_seq(s.index).store(0, Ordering::Release);
+            self.ring.scheduled_run(s.index).store(0, Ordering::Release);
+        }
+        freed
     }
 
     /// Marks the slot's STF scheduled by `run`, so that a reader attaching for another

@@ -51,10 +51,11 @@ const EVENT_QUEUE: usize = 4096;
 /// TF ids one ICN reserves at once when the run length is not known in advance.
 const ID_BLOCK: u64 = 1 << 32;
 
-/// Frames held back at most while the rows file cannot be written (about 64 MiB). At
-/// the limit the ICN gives up holding: what waits goes out, except the Releases and
-/// Abandons (counted `frees_not_sent`; FLPs keep those STFs until the run stops).
-const MAX_HELD: usize = 1 << 20;
+/// Frames held back at most while the rows file cannot be written: half a control
+/// queue, so that sending them at once never fills a healthy peer's. At the limit the
+/// ICN gives up holding: what waits goes out, except the Releases and Abandons
+/// (counted `frees_not_sent`; FLPs keep those STFs until the run stops).
+const MAX_HELD: usize = crate::conn::CONTROL_QUEUE / 2;
 
 /// Binds the control port, prints `listening control=ADDR metrics=ADDR`, runs one
 /// run to its end and returns its summary (also written to the results directory).
@@ -589,26 +590,19 @@ impl Shell {
         (0..left_out).for_each(|_| self.core.metrics_error("frees_not_sent"));
     }
 
-    /// The frames held back go out once the rows before them are in the file; after
-    /// RunStop at once, without their frees (the FLPs freed every STF the run
-    /// scheduled, and read no more).
+    /// The frames held back go out once the rows before them are in the file. While
+    /// they cannot be and the run is stopping, they go out without their frees (RunStop
+    /// among them; the FLPs free every STF the run scheduled then).
     fn send_held(&mut self, failed: &mut VecDeque<Input>) {
         if self.held.is_empty() {
             return;
         }
-        match matches!(self.core.phase(), Phase::Stopping | Phase::Done) {
-            true => {
-                let n = self.release_held(true, failed);
-                if n > 0 {
-                    tracing::warn!(
-                        "ICN: {n} Releases and Abandons held back are not sent: the run stopped"
-                    );
-                }
-            }
-            false if self.commit_rows() => {
-                self.release_held(false, failed);
-            }
-            false => {}
+        if self.commit_rows() {
+            self.release_held(false, failed);
+        } else if matches!(self.core.phase(), Phase::Stopping | Phase::Done) {
+            let n = self.release_held(true, failed);
+            tracing::warn!("ICN: the run stops: {n} Releases and Abandons held back are not sent");
+            (0..n).for_each(|_| self.core.metrics_error("frees_not_sent"));
         }
     }
 
@@ -825,6 +819,29 @@ mod tests {
             status: TfStatus::Complete,
             reason: Reason::None,
         })
+    }
+
+    /// The run is over (Done): with the rows in the file a Release still goes out (one
+    /// made just before RunStop); with the rows file full, only what is not a free.
+    #[test]
+    fn at_the_runs_end_a_release_goes_out_unless_its_row_cannot_be_written() {
+        let disk = TestDisk::full(usize::MAX);
+        let full = disk.full.clone();
+        full.store(false, Ordering::Relaxed);
+        let (mut sh, mut rx, _killed) = shell(disk);
+        sh.core.cancel(false);
+        assert_eq!(sh.core.phase(), Phase::Done);
+        let mut failed = VecDeque::new();
+        sh.act(ended(1), &mut failed);
+        sh.send(5, Message::Release { tf_id: 1 }, &mut failed);
+        assert_eq!(rx.try_recv().ok(), Some(Message::Release { tf_id: 1 }));
+        full.store(true, Ordering::Relaxed);
+        sh.act(ended(2), &mut failed);
+        sh.send(5, Message::Release { tf_id: 2 }, &mut failed);
+        let stop = Message::RunStop { run_id: 1 };
+        sh.send(5, stop.clone(), &mut failed);
+        let sent: Vec<Message> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(sent, [stop], "the Release without its row is left out");
     }
 
     #[test]

@@ -185,8 +185,11 @@ impl Session {
                     }
                 }
                 _ = tick.tick() => {
-                    if let Some(csv) = self.shell.as_mut().and_then(|s| s.tfs_csv.as_mut()) {
-                        let _ = csv.flush();
+                    if let Some(sh) = self.shell.as_mut() {
+                        if let Some(csv) = sh.tfs_csv.as_mut() {
+                            let _ = csv.flush();
+                        }
+                        sh.retry_held();
                     }
                     self.publish();
                 }
