@@ -390,6 +390,8 @@ struct Shell {
     tfs_csv: Option<TfCsv>,
     /// Frames held back while the rows before them cannot reach the rows file.
     held: held::Held,
+    /// The rows file refused the last write (logged once per outage).
+    rows_failing: bool,
     progress: bool,
     run_start_unix_us: u64,
     /// (time s, TFs completed) a second ago and the TF rate since, for the live status.
@@ -433,6 +435,7 @@ impl Shell {
             failed: Default::default(),
             tfs_csv,
             held: held::Held::new(MAX_HELD),
+            rows_failing: false,
             progress,
             run_start_unix_us: 0,
             rate: ((0.0, 0), 0.0),
@@ -493,10 +496,7 @@ impl Shell {
                 _ = progress.tick() => {
                     self.print_progress();
                     self.publish_status();
-                    if let Some(csv) = self.tfs_csv.as_mut() {
-                        let _ = csv.flush();
-                    }
-                    self.retry_held();
+                    self.every_tick();
                 }
                 input = lead.next() => self.feed(input),
                 _ = sigint.recv() => self.feed(Input::Interrupt),
@@ -580,6 +580,11 @@ impl Shell {
         let Err(msg) = self.held.push(conn, msg) else {
             return self.send_held(failed);
         };
+        if self.commit_rows() {
+            // The file takes the rows again: what waits goes, and this frame after it.
+            self.release_held(false, failed);
+            return self.send(conn, msg, failed);
+        }
         // Held too long: what waits goes out without its frees, and so does this frame.
         tracing::error!("ICN: {MAX_HELD} frames held back for the rows file: sent without their Releases and Abandons");
         let mut left_out = self.release_held(true, failed);
@@ -691,13 +696,37 @@ impl Shell {
     /// when they cannot: the Release is held back (the STFs stay kept, never lost) and
     /// tried again with the next one or within 250 ms.
     fn commit_rows(&mut self) -> bool {
-        match self.tfs_csv.as_mut().map(|c| c.commit()) {
-            Some(Err(e)) => {
-                tracing::error!("ICN: writing tfs.csv: {e}; Release held back");
+        let done = self.tfs_csv.as_mut().map(|c| c.commit());
+        self.rows_written(done)
+    }
+
+    /// Every 250 ms: the rows and loads to their files (a failure is told as any
+    /// commit's), then the frames held back if the rows are in.
+    fn every_tick(&mut self) {
+        let done = self.tfs_csv.as_mut().map(|c| c.flush());
+        self.rows_written(done);
+        self.retry_held();
+    }
+
+    /// Whether the rows reached the file; an outage is logged and counted
+    /// (`rows_not_written`) once when it starts, and its end once.
+    fn rows_written(&mut self, done: Option<std::io::Result<()>>) -> bool {
+        match (done, self.rows_failing) {
+            (Some(Err(e)), false) => {
+                tracing::error!(
+                    "ICN: writing tfs.csv: {e}; Releases and Abandons wait until the rows are in"
+                );
                 self.core.metrics_error("rows_not_written");
+                self.rows_failing = true;
                 false
             }
-            _ => true,
+            (Some(Err(_)), true) => false,
+            (_, true) => {
+                tracing::info!("ICN: tfs.csv takes the rows again");
+                self.rows_failing = false;
+                true
+            }
+            (_, false) => true,
         }
     }
 
@@ -786,8 +815,9 @@ mod tests {
     use summary::TestDisk;
 
     /// An ICN shell whose rows go to `disk`, with one control connection (id 5).
-    fn shell(disk: TestDisk) -> (Shell, mpsc::Receiver<Message>, oneshot::Receiver<()>) {
+    fn shell(disk: TestDisk) -> (Shell, mpsc::Receiver<Message>, Arc<Metrics>) {
         let run = crate::config::RunConfig::default().check().unwrap();
+        let metrics = Metrics::new("icn", None);
         let core = IcnCore::new(
             CoreConfig {
                 run,
@@ -798,16 +828,16 @@ mod tests {
                 hold_start: false,
                 takeover: None,
             },
-            Metrics::new("icn", None),
+            metrics.clone(),
             Duration::ZERO,
         );
         let csv = TfCsv::to_writer(Box::new(disk), std::path::Path::new("results"));
         let status = Arc::new(std::sync::Mutex::new(String::new()));
         let mut sh = Shell::new(core, Some(csv), false, status);
         let (tx, rx) = mpsc::channel(16);
-        let (kill, killed) = oneshot::channel();
+        let (kill, _) = oneshot::channel();
         sh.conns.insert(5, Conn { tx, _kill: kill });
-        (sh, rx, killed)
+        (sh, rx, metrics)
     }
 
     fn ended(tf_id: u64) -> Action {
@@ -828,7 +858,7 @@ mod tests {
         let disk = TestDisk::full(usize::MAX);
         let full = disk.full.clone();
         full.store(false, Ordering::Relaxed);
-        let (mut sh, mut rx, _killed) = shell(disk);
+        let (mut sh, mut rx, _) = shell(disk);
         sh.core.cancel(false);
         assert_eq!(sh.core.phase(), Phase::Done);
         let mut failed = VecDeque::new();
@@ -848,7 +878,7 @@ mod tests {
     fn a_release_waits_for_its_row_and_goes_out_once_the_rows_file_takes_it() {
         let disk = TestDisk::full(usize::MAX);
         let (full, got) = (disk.full.clone(), disk.got.clone());
-        let (mut sh, mut rx, _killed) = shell(disk);
+        let (mut sh, mut rx, metrics) = shell(disk);
         let mut failed = VecDeque::new();
         for tf_id in [1, 2] {
             sh.act(ended(tf_id), &mut failed);
@@ -879,8 +909,10 @@ mod tests {
             Some(assign.clone()),
             "another peer's: at once"
         );
-        sh.retry_held();
+        sh.every_tick();
         assert!(rx.try_recv().is_err(), "the disk is still full");
+        let outages = metrics.counter("errors.rows_not_written");
+        assert_eq!(outages, 1, "one outage, counted once");
         full.store(false, Ordering::Relaxed);
         sh.retry_held();
         let sent: Vec<Message> = std::iter::from_fn(|| rx.try_recv().ok()).collect();

@@ -186,10 +186,7 @@ impl Session {
                 }
                 _ = tick.tick() => {
                     if let Some(sh) = self.shell.as_mut() {
-                        if let Some(csv) = sh.tfs_csv.as_mut() {
-                            let _ = csv.flush();
-                        }
-                        sh.retry_held();
+                        sh.every_tick();
                     }
                     self.publish();
                 }
