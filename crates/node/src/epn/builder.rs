@@ -92,8 +92,9 @@ pub struct Arrival {
 struct Slot<P> {
     /// The ICN told us this TF is ours.
     assigned: bool,
-    /// Arrival of the first STF, or the end of the data connection of an FLP whose STF
-    /// it waits for (the build time-out runs from here).
+    /// Arrival of the first STF or, with none yet, `FLP_GONE_GRACE_US` after the data
+    /// connection of an FLP whose STF it waits for ended (the build time-out runs from
+    /// here).
     first_us: Option<u64>,
     /// Which FLPs' STFs are held (one bit per FLP).
     have: Vec<u64>,
@@ -432,7 +433,8 @@ impl<P> Builder<P> {
         let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
         for s in self.slots.values_mut() {
             if s.have.get(w).is_some_and(|x| x & bit == 0) {
-                s.first_us.get_or_insert(now_us + FLP_GONE_GRACE_US);
+                s.first_us
+                    .get_or_insert(now_us.saturating_add(FLP_GONE_GRACE_US));
             }
         }
     }
