@@ -300,10 +300,15 @@ impl World {
         }
     }
 
-    /// The EPNs FLP `i` has data connections to (a kill closes them all).
-    pub fn data_peers(&mut self, i: u32) -> Vec<EpnId> {
-        self.flp_run(i)
-            .map_or_else(Vec::new, |run| run.data.keys().copied().collect())
+    /// FLP `i`'s run ends here (its process ends, or it starts afresh): every EPN it
+    /// had a data connection to sees it close, as the runtime's EPNs do.
+    pub fn close_data(&mut self, i: u32) {
+        let peers: Vec<EpnId> = self
+            .flp_run(i)
+            .map_or_else(Vec::new, |run| run.data.keys().copied().collect());
+        for epn in peers {
+            self.flp_gone(i, epn);
+        }
     }
 
     /// The FLP cannot start its run (an EPN is gone): it leaves and joins again.
@@ -446,7 +451,10 @@ impl World {
         self.proc_mut(end).key = Some(conn);
         self.conn_key.insert(conn, conn);
         match end {
-            End::Flp(i) => self.flps[i as usize].state = Some(FlpState::joining()),
+            End::Flp(i) => {
+                self.close_data(i); // the kept run ends: so do its data connections
+                self.flps[i as usize].state = Some(FlpState::joining());
+            }
             End::Epn(i) => {
                 let addr = self.data_addr_of(old);
                 self.data_addrs.insert(addr, conn);

@@ -103,7 +103,10 @@ impl World {
         self.proc_mut(end).conn = None;
         self.proc_mut(end).key = None;
         match end {
-            End::Flp(i) => self.flps[i as usize].state = None,
+            End::Flp(i) => {
+                self.close_data(i); // its data connections end with its run
+                self.flps[i as usize].state = None
+            }
             End::Epn(i) => self.epns[i as usize].state = None,
             End::Icn => {}
         }
@@ -178,11 +181,6 @@ impl World {
     /// `restart_ms`, or never.
     pub fn kill(&mut self, end: End, restart_ms: Option<u64>) {
         let conn = self.proc(end).conn;
-        if let End::Flp(i) = end {
-            for epn in self.data_peers(i) {
-                self.flp_gone(i, epn); // its data connections close with it
-            }
-        }
         self.cut_source(end);
         self.end_incarnation(end); // a run kept for a take-over too
         if let Some(conn) = conn {
