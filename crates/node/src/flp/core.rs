@@ -369,30 +369,48 @@ impl FlpCore {
     /// (the ICN counted its TF's fate; this says the source got it back without a Release).
     /// An STF never scheduled stays with its source (a ring's slot stays READY).
     fn run_stopped(&mut self) {
-        let mut unreleased = 0;
-        for k in self
-            .kept
-            .values_mut()
-            .filter(|k| k.scheduled && !k.released)
-        {
-            k.released = true;
-            unreleased += 1;
-        }
+        let unreleased = self.end_run(true, true);
         if unreleased > 0 {
             let me = self.me;
             tracing::warn!("FLP {me}: the run stopped before the ICN released the TFs of {unreleased} scheduled STFs: freed (run_stopped), never announced into another run");
             self.metrics
                 .stf("freed", Reason::RunStopped.name(), unreleased);
         }
+        self.out.push_back(Action::Stop);
+    }
+
+    /// A lost run's STFs: a released one is freed now that its sends ended. If the run
+    /// is over, so is every one it scheduled, counted dropped `icn_lost`: whether its TF
+    /// was built went with the ICN, and it must not be announced into another run.
+    /// On-data, the source gets them back. STFs never scheduled stay with the source, as
+    /// at RunStop; a run joined afresh hears every unreleased one again.
+    fn run_lost(&mut self, over: bool) {
+        let lost = self.end_run(over, false);
+        if lost > 0 {
+            let me = self.me;
+            tracing::warn!("FLP {me}: its run is over while the ICN was away: {lost} STFs of TFs it scheduled are dropped (icn_lost), never announced into another run");
+            self.metrics.stf("dropped", Reason::IcnLost.name(), lost);
+        }
+    }
+
+    /// The run ends here: every STF kept leaves the send buffer, and the released ones
+    /// go back to the source (on-data), with those it scheduled if `scheduled_too`; with
+    /// `wait_for_sends`, one still being sent stays until its send ends. How many
+    /// scheduled STFs went back without a Release.
+    fn end_run(&mut self, scheduled_too: bool, wait_for_sends: bool) -> u64 {
+        let mut unreleased = 0;
+        for k in (self.kept.values_mut()).filter(|k| scheduled_too && k.scheduled && !k.released) {
+            k.released = true;
+            unreleased += 1;
+        }
         let mut over: Vec<TfId> = Vec::new();
         for (tf, k) in std::mem::take(&mut self.kept) {
-            match (k.released, k.sending) {
-                (true, 0) => over.push(tf),
-                (true, _) => {
-                    self.kept.insert(tf, k); // freed when its send ends
-                    continue;
-                }
-                (false, _) => {}
+            if k.released && wait_for_sends && k.sending > 0 {
+                self.kept.insert(tf, k); // freed when its send ends
+                continue;
+            }
+            if k.released {
+                over.push(tf);
             }
             self.budget.release(k.len);
         }
@@ -403,35 +421,7 @@ impl FlpCore {
         }
         self.publish();
         self.announce.clear();
-        self.out.push_back(Action::Stop);
-    }
-
-    /// A lost run's STFs: a released one is freed now that its sends ended. If the run
-    /// is over, so is every one it scheduled, counted dropped `icn_lost`: whether its TF
-    /// was built went with the ICN, and it must not be announced into another run.
-    /// On-data, the source gets them back. STFs never scheduled stay with the source, as
-    /// at RunStop; a run joined afresh hears every unreleased one again.
-    fn run_lost(&mut self, over: bool) {
-        let mut gone: Vec<(TfId, bool)> = (self.kept.iter())
-            .filter(|(_, k)| k.released || (over && k.scheduled))
-            .map(|(&tf, k)| (tf, k.released))
-            .collect();
-        gone.sort_unstable();
-        for (_, k) in self.kept.drain() {
-            self.budget.release(k.len);
-        }
-        self.announce.clear();
-        self.publish();
-        let lost = gone.iter().filter(|(_, released)| !released).count() as u64;
-        if lost > 0 {
-            let me = self.me;
-            tracing::warn!("FLP {me}: its run is over while the ICN was away: {lost} STFs of TFs it scheduled are dropped (icn_lost), never announced into another run");
-            self.metrics.stf("dropped", Reason::IcnLost.name(), lost);
-        }
-        if self.on_data {
-            self.out
-                .extend(gone.into_iter().map(|(tf, _)| Action::Free(tf)));
-        }
+        unreleased
     }
 
     /// Counts a dropped STF and tells the ICN why.
