@@ -147,7 +147,12 @@ pub const RECENT_TFS: usize = 1 << 16;
 /// How long after an FLP's data connection ended a TF with no STF yet still waits
 /// before its build time-out starts: an FLP's stall limit (10 s), time for it to come
 /// back (restarted from its ring, rejoining, after a take-over) and send.
-pub const FLP_GONE_GRACE_US: u64 = 10_000_000;
+pub const FLP_GONE_GRACE_US: u64 = crate::flp::sender::STALL_TIMEOUT.as_micros() as u64;
+
+/// Where FLP `flp` is in a slot's `have` bits: (word, mask).
+fn flp_bit(flp: FlpId) -> (usize, u64) {
+    (flp as usize / 64, 1u64 << (flp % 64))
+}
 
 pub struct Builder<P> {
     me: EpnId,
@@ -328,7 +333,7 @@ impl<P> Builder<P> {
             self.counters.discarded_stfs += 1;
             return out.push(Out::Free(payload));
         }
-        let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
+        let (w, bit) = flp_bit(flp);
         if s.have[w] & bit != 0 {
             self.counters.duplicate_stfs += 1;
             return out.push(Out::Free(payload));
@@ -430,7 +435,7 @@ impl<P> Builder<P> {
     /// otherwise never end, and in pull mode hold this EPN's transfer tokens for good;
     /// the grace lets an FLP that connects again, restarted or rejoining, still send).
     pub fn flp_gone(&mut self, flp: FlpId, now_us: u64) {
-        let (w, bit) = (flp as usize / 64, 1u64 << (flp % 64));
+        let (w, bit) = flp_bit(flp);
         for s in self.slots.values_mut() {
             if s.have.get(w).is_some_and(|x| x & bit == 0) {
                 s.first_us

@@ -437,14 +437,15 @@ impl FlpCore {
 
     fn on_assign(&mut self, tf: TfId, epn: EpnId) {
         let queue = self.queues.get(&epn).map(|q| q.id);
-        let first = self.kept.get(&tf).is_some_and(|k| !k.scheduled);
-        if first && self.on_data {
+        let kept = self.kept.get_mut(&tf).map(|k| {
+            let first = !k.scheduled;
+            k.scheduled = true;
+            (*k, first)
+        });
+        if kept.is_some_and(|(_, first)| first) && self.on_data {
             self.out.push_back(Action::Scheduled(tf));
         }
-        let kept = self.kept.get_mut(&tf).map(|k| {
-            k.scheduled = true;
-            *k
-        });
+        let kept = kept.map(|(k, _)| k);
         match kept {
             // Assigned again to the same connection (a late or repeated announcement).
             // Pull mode: its transfer ends now, unless a send of it is still under way

@@ -54,9 +54,12 @@ impl Held {
     /// that free STFs (the run stopped, or holding gave up).
     pub fn take(&mut self, drop_frees: bool) -> (Vec<(ConnId, Message)>, usize) {
         self.conns.clear();
-        let all = self.queue.drain(..);
-        let (out, left): (Vec<_>, Vec<_>) = all.partition(|(_, m)| !(drop_frees && frees(m)));
-        (out, left.len())
+        let all = self.queue.len();
+        let out: Vec<_> = (self.queue.drain(..))
+            .filter(|(_, m)| !(drop_frees && frees(m)))
+            .collect();
+        let left_out = all - out.len();
+        (out, left_out)
     }
 }
 

@@ -577,6 +577,10 @@ impl Shell {
         if !self.held.must_wait(conn, &msg) {
             return failed.extend(self.deliver(conn, msg));
         }
+        // The common case: nothing waits, and the rows reach the file at once.
+        if self.held.is_empty() && self.commit_rows() {
+            return failed.extend(self.deliver(conn, msg));
+        }
         let Err(msg) = self.held.push(conn, msg) else {
             return self.send_held(failed);
         };
@@ -587,12 +591,11 @@ impl Shell {
         }
         // Held too long: what waits goes out without its frees, and so does this frame.
         tracing::error!("ICN: {MAX_HELD} frames held back for the rows file: sent without their Releases and Abandons");
-        let mut left_out = self.release_held(true, failed);
+        self.release_held(true, failed);
         match held::frees(&msg) {
-            true => left_out += 1,
+            true => self.core.metrics_error("frees_not_sent"),
             false => failed.extend(self.deliver(conn, msg)),
         }
-        (0..left_out).for_each(|_| self.core.metrics_error("frees_not_sent"));
     }
 
     /// The frames held back go out once the rows before them are in the file. While
@@ -607,17 +610,17 @@ impl Shell {
         } else if matches!(self.core.phase(), Phase::Stopping | Phase::Done) {
             let n = self.release_held(true, failed);
             tracing::warn!("ICN: the run stops: {n} Releases and Abandons held back are not sent");
-            (0..n).for_each(|_| self.core.metrics_error("frees_not_sent"));
         }
     }
 
-    /// Sends every frame held, in order, without the frees if `drop_frees`: how many
-    /// were left out.
+    /// Sends every frame held, in order, without the frees if `drop_frees` (counted
+    /// `frees_not_sent`): how many were left out.
     fn release_held(&mut self, drop_frees: bool, failed: &mut VecDeque<Input>) -> usize {
         let (frames, left_out) = self.held.take(drop_frees);
         for (conn, msg) in frames {
             failed.extend(self.deliver(conn, msg));
         }
+        (0..left_out).for_each(|_| self.core.metrics_error("frees_not_sent"));
         left_out
     }
 

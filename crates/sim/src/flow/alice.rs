@@ -14,6 +14,11 @@ use serde::{Deserialize, Serialize};
 use crate::engine::{Queue, Time, SEC};
 use crate::flow::{FlowId, Fluid};
 
+/// An exponentially distributed draw with mean `mean` (inverse transform).
+fn exp_draw(rng: &mut impl Rng, mean: f64) -> f64 {
+    -mean * (1.0 - rng.gen::<f64>()).ln()
+}
+
 /// An ALICE-scale run's configuration. `preset` fills the scale; explicit keys win.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -862,7 +867,7 @@ impl Sim<'_> {
             let mut s = match self.proc {
                 Proc::Fixed(v) => v,
                 Proc::Uniform(a, b) => a + (b - a) * self.rng_proc.gen::<f64>(),
-                Proc::Exp(m) => -m * (1.0 - self.rng_proc.gen::<f64>()).ln(),
+                Proc::Exp(m) => exp_draw(&mut self.rng_proc, m),
             };
             if ep.slow {
                 s *= self.cfg.slow_factor;
@@ -1048,7 +1053,7 @@ impl Failures {
     }
 
     fn draw(&mut self, mean: f64) -> Time {
-        secs(-mean * (1.0 - self.rng.gen::<f64>()).ln())
+        secs(exp_draw(&mut self.rng, mean))
     }
 
     /// Every EPN's first failure (none without an MTBF).
