@@ -39,6 +39,9 @@ pub struct Replay {
     /// Files that end in a cut-off record, or before their header (an EPN killed as it
     /// wrote): read up to there.
     cut_short: u64,
+    /// The run the recording holds, and the file that first showed it: a directory
+    /// holding two runs is refused, as merging them by TF id would splice the runs.
+    run: Option<(u64, String)>,
     what: String,
 }
 
@@ -79,6 +82,7 @@ impl Replay {
             seen: IdRanges::default(),
             duplicates: 0,
             cut_short: empty.len() as u64,
+            run: None,
             what,
         })
     }
@@ -165,6 +169,17 @@ impl Replay {
                 Err(e) => return Err(SourceError(format!("{}: {}: {e}", self.what, h.path))),
             };
             let tf = rec.header.tf_id;
+            match &self.run {
+                None => self.run = Some((rec.header.run_id, h.path.clone())),
+                Some((run, first)) if *run != rec.header.run_id => {
+                    let msg = format!(
+                        "{}: {}: TF {tf}: run_id {} differs from run {run} in {first}; replay one run per directory",
+                        self.what, h.path, rec.header.run_id
+                    );
+                    return Err(SourceError(msg));
+                }
+                Some(_) => {}
+            }
             let Some(k) = rec.stfs.iter().position(|(s, _)| s.flp_id == me) else {
                 self.skipped += 1;
                 continue;
@@ -285,5 +300,34 @@ mod tests {
         };
         assert_eq!(got, [1, 2]);
         assert!(end.contains("2 files cut short"), "{end}");
+    }
+
+    /// An EPN that served two runs wrote both into one directory: merging them by TF id
+    /// would splice the runs, so the replay stops with an error naming both.
+    #[tokio::test]
+    async fn a_directory_holding_two_runs_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for (run_id, seq) in [(1u64, 0), (2, 1)] {
+            let mut bytes = encode_file_header(0).to_vec();
+            for tf_id in 0..=run_id {
+                let header = TfHeader {
+                    run_id,
+                    tf_id,
+                    stfs: 1,
+                };
+                bytes.extend(encode_record(header, &[(0, &[run_id as u8; 10])]));
+            }
+            std::fs::write(dir.path().join(format!("epn0-{seq:06}.fanin")), bytes).unwrap();
+        }
+        let mut r = Replay::open(dir.path(), 0, None, "FLP 0: source replay".into()).unwrap();
+        let err = loop {
+            match r.next(1 << 20).await {
+                Ok(Event::Stf(p)) => assert!(p.info.tf_id < 2, "{}", p.info.tf_id),
+                Ok(_) => panic!("the replay went on without an error"),
+                Err(e) => break e.0,
+            }
+        };
+        assert!(err.contains("run_id 2 differs from run 1"), "{err}");
+        assert!(err.contains("epn0-000001.fanin") && err.contains("epn0-000000.fanin"), "{err}");
     }
 }
