@@ -45,6 +45,7 @@ pub struct ExecSink {
     on_failure: OnFailure,
     /// Lend payload pages to the pipe (vmsplice) instead of copying them.
     zero_copy: bool,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     proc: Option<Running>,
     restarts_in_a_row: u32,
 }
@@ -52,7 +53,8 @@ pub struct ExecSink {
 struct Running {
     child: Child,
     stdin: Option<ChildStdin>,
-    forward: Option<std::thread::JoinHandle<()>>,
+    /// Copies its stdout to the filtered output; ends with the error that stopped it.
+    forward: Option<std::thread::JoinHandle<Result<(), String>>>,
 }
 
 impl ExecSink {
@@ -64,6 +66,7 @@ impl ExecSink {
             filtered_dir,
             on_failure: ctx.on_failure,
             zero_copy: ctx.exec_zero_copy,
+            metrics: ctx.metrics.clone(),
             proc: None,
             restarts_in_a_row: 0,
         };
@@ -92,7 +95,11 @@ impl ExecSink {
                 .with_context(|| format!("exec sink `{}`: its stdin", self.cmd))?;
         }
         let forward = match (child.stdout.take(), &self.filtered_dir) {
-            (Some(out), Some(dir)) => Some(forward_filtered(out, dir, self.epn)?),
+            (Some(out), Some(dir)) => {
+                let file = filtered_file(dir, self.epn)?;
+                let group = child.id() as libc::pid_t;
+                Some(forward_filtered(out, file, group, self.metrics.clone()))
+            }
             _ => None,
         };
         Ok(Running {
@@ -142,7 +149,7 @@ impl Sink for ExecSink {
     fn finish(&mut self) -> anyhow::Result<()> {
         let status = self.stop(Duration::from_secs(10));
         anyhow::ensure!(
-            status.starts_with("exited with 0"),
+            status == "exited with 0",
             "exec sink `{}`: at run end the command {status}",
             self.cmd
         );
@@ -165,7 +172,8 @@ impl Running {
         unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
     }
 
-    /// Closes its stdin, waits up to `grace` for it to end (then kills it); how it ended.
+    /// Closes its stdin, waits up to `grace` for it to end (then kills it); how it ended,
+    /// and how its filtered output failed if it did ("exited with 0" when all went well).
     fn stop(&mut self, grace: Duration) -> String {
         drop(self.stdin.take());
         let until = Instant::now() + grace;
@@ -185,16 +193,18 @@ impl Running {
         // What it left behind (a pipeline's other end, background children) goes too,
         // so its stdout closes and the forwarding thread ends.
         self.kill_group();
-        if let Some(t) = self.forward.take() {
-            join_forward(t);
-        }
-        match (
+        let forward = self.forward.take().and_then(join_forward);
+        let ended = match (
             status.code(),
             std::os::unix::process::ExitStatusExt::signal(&status),
         ) {
             (Some(c), _) => format!("exited with {c}"),
             (None, Some(sig)) => format!("was killed by signal {sig}"),
             _ => format!("ended ({status})"),
+        };
+        match forward {
+            Some(e) => format!("{ended}; {e}"),
+            None => ended,
         }
     }
 }
@@ -203,36 +213,56 @@ impl Running {
 /// group, `setsid`, may hold it): the sink does not wait for it longer.
 const FORWARD_WAIT: Duration = Duration::from_secs(2);
 
-/// Waits for the forwarding thread to end, at most `FORWARD_WAIT`; after that it goes
-/// on alone until the stdout closes, and the sink goes on.
-fn join_forward(t: std::thread::JoinHandle<()>) {
+/// Waits for the forwarding thread to end, at most `FORWARD_WAIT` (after that it goes
+/// on alone until the stdout closes, and the sink goes on); the error it ended with.
+fn join_forward(t: std::thread::JoinHandle<Result<(), String>>) -> Option<String> {
     let until = Instant::now() + FORWARD_WAIT;
     while !t.is_finished() && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
     match t.is_finished() {
-        true => drop(t.join()),
-        false => tracing::warn!(
-            "exec sink: the command's stdout is still open {FORWARD_WAIT:?} after it ended (a process outside its group holds it); its filtered output goes on being copied"
-        ),
+        true => t
+            .join()
+            .unwrap_or_else(|_| Err("filtered output: its thread panicked".into()))
+            .err(),
+        false => {
+            tracing::warn!(
+                "exec sink: the command's stdout is still open {FORWARD_WAIT:?} after it ended (a process outside its group holds it); its filtered output goes on being copied"
+            );
+            None
+        }
     }
 }
 
-/// Copies the command's stdout to a new `filtered-epnN-SEQ.out` in `dir`.
-fn forward_filtered(
-    mut out: std::process::ChildStdout,
-    dir: &std::path::Path,
-    epn: u32,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
+/// A new `filtered-epnN-SEQ.out` in `dir`, and its path.
+fn filtered_file(dir: &std::path::Path, epn: u32) -> anyhow::Result<(std::fs::File, String)> {
     std::fs::create_dir_all(dir).with_context(|| format!("sink directory {}", dir.display()))?;
     let name = |seq: u32| format!("filtered-epn{epn}-{seq:06}.out");
-    let (mut file, path) = super::file::create_numbered(dir, &mut 0, name)
+    let (file, path) = super::file::create_numbered(dir, &mut 0, name)
         .with_context(|| format!("filtered output in {}", dir.display()))?;
-    Ok(std::thread::spawn(move || {
-        if let Err(e) = std::io::copy(&mut out, &mut file) {
-            tracing::warn!("filtered output {}: {e}", path.display());
-        }
-    }))
+    Ok((file, path.display().to_string()))
+}
+
+/// Copies the command's stdout into `file`. A write that fails (a full disk) would lose
+/// its output unseen, so the command's process `group` is stopped: its next TF fails
+/// (`sink_failed`) and the command starts again or the EPN leaves, as configured.
+fn forward_filtered(
+    mut out: impl std::io::Read + Send + 'static,
+    (mut file, path): (impl std::io::Write + Send + 'static, String),
+    group: libc::pid_t,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) -> std::thread::JoinHandle<Result<(), String>> {
+    std::thread::spawn(move || {
+        let e = match std::io::copy(&mut out, &mut file) {
+            Ok(_) => return Ok(()),
+            Err(e) => format!("filtered output {path}: {e}"),
+        };
+        tracing::error!("exec sink: {e}; the command is stopped");
+        metrics.error("filtered_output");
+        // SAFETY: killpg on the process group the command leads (set at spawn).
+        unsafe { libc::killpg(group, libc::SIGKILL) };
+        Err(e)
+    })
 }
 
 #[cfg(test)]
@@ -257,5 +287,44 @@ mod tests {
         let t0 = Instant::now();
         s.finish().unwrap();
         assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    }
+
+    /// The filtered output cannot be written (here /dev/full, as a full disk): the error
+    /// names the file, is counted, and the command is stopped instead of writing on into
+    /// nothing.
+    #[test]
+    fn a_filtered_output_that_cannot_be_written_stops_the_command() {
+        let mut child = Command::new("sh")
+            .args(["-c", "head -c 60000 /dev/zero; sleep 30"])
+            .process_group(0)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let metrics = crate::metrics::Metrics::new("epn", Some(0));
+        let out = child.stdout.take().unwrap();
+        let group = child.id() as libc::pid_t;
+        let t = forward_filtered(out, (full, "/dev/full".into()), group, metrics.clone());
+        let e = t.join().unwrap().unwrap_err();
+        assert!(
+            e.contains("/dev/full") && e.contains("No space left"),
+            "{e}"
+        );
+        assert_eq!(metrics.counter("errors.filtered_output"), 1);
+        let until = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            match child.try_wait().unwrap() {
+                Some(s) => break s,
+                None if Instant::now() < until => std::thread::sleep(Duration::from_millis(10)),
+                None => panic!("the command still runs"),
+            }
+        };
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
     }
 }

@@ -328,6 +328,9 @@ mod tests {
             }
         };
         assert!(err.contains("run_id 2 differs from run 1"), "{err}");
-        assert!(err.contains("epn0-000001.fanin") && err.contains("epn0-000000.fanin"), "{err}");
+        assert!(
+            err.contains("epn0-000001.fanin") && err.contains("epn0-000000.fanin"),
+            "{err}"
+        );
     }
 }
