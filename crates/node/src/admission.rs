@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use fanin_proto::{Message, Nonce, MAX_CONTROL_BODY};
+use fanin_proto::{Message, Nonce, MAX_HANDSHAKE_BODY};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -113,7 +113,7 @@ impl Ticket {
         let nonce = crate::auth::nonce();
         let read = async {
             write_msg(wr, &Message::Challenge { nonce }).await?;
-            read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_DEADLINE).await
+            read_frame_within(rd, MAX_HANDSHAKE_BODY, HANDSHAKE_DEADLINE).await
         };
         let first = tokio::select! {
             biased;
@@ -283,6 +283,25 @@ mod tests {
 
     fn addr(ip: [u8; 4], port: u16) -> SocketAddr {
         SocketAddr::from((ip, port))
+    }
+
+    /// A stranger's first frame header claims a control-sized body: refused at once as
+    /// oversized, before any buffer for it (it used to allocate 64 KiB and wait).
+    #[tokio::test]
+    async fn a_first_frame_over_the_handshake_limit_is_refused_unread() {
+        use tokio::io::AsyncWriteExt;
+        let pool = Admission::with_room(0, usize::MAX);
+        let mut t = pool.enter(addr([10, 0, 0, 1], 1));
+        let (mut listener, mut stranger) = tokio::io::duplex(1 << 16);
+        let header = fanin_proto::FrameHeader {
+            msg_type: 1,
+            length: fanin_proto::MAX_CONTROL_BODY,
+        };
+        stranger.write_all(&header.encode()).await.unwrap();
+        let (mut rd, mut wr) = tokio::io::split(&mut listener);
+        let first = tokio::time::timeout(Duration::from_secs(1), t.challenge(&mut rd, &mut wr));
+        let refused = first.await.expect("refused without waiting for the body");
+        assert_eq!(refused.unwrap_err().kind, "oversized");
     }
 
     #[test]

@@ -278,3 +278,27 @@ proptest! {
         }
     }
 }
+
+/// The largest first frames a listener reads before a proof fit its handshake limit.
+#[test]
+fn the_largest_handshake_frames_fit_the_handshake_limit() {
+    let register = Message::Register(Register {
+        role: Role::Epn,
+        node_id: Some(u32::MAX),
+        data_addr: "a".repeat(wire::MAX_STR),
+        proof: [0xff; 32],
+    });
+    let hello = Message::DataHello {
+        run_id: u64::MAX,
+        flp_id: u32::MAX,
+        proof: [0xff; 32],
+    };
+    for m in [register, hello] {
+        let body = m.encode().len() - HEADER_LEN;
+        assert!(
+            body as u32 <= MAX_HANDSHAKE_BODY,
+            "{:?}: {body}",
+            m.msg_type()
+        );
+    }
+}

@@ -275,11 +275,13 @@ async fn serve_flp(
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
     let mut lowat = RecvLowat::new(stream.as_raw_fd());
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(RECV_BUFFER, rd);
+    let (mut rd, mut wr) = stream.into_split();
+    // No read buffer until the FLP proved itself: a stranger holds a socket, no more
+    // (the handshake reads exactly its frame, so nothing after it is lost).
     let Some(flp) = handshake(&mut rd, &mut wr, &mut ticket, ctx).await? else {
         return Ok(()); // connected and left without a word
     };
+    let mut rd = BufReader::with_capacity(RECV_BUFFER, rd);
     let conn = ticket.id();
     drop(ticket);
     let Ok(_member) = members.clone().try_acquire_owned() else {

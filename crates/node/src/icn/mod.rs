@@ -158,16 +158,20 @@ fn start_acceptor(
     let cfg = &opts.run.cfg;
     // Members: every node of the run, plus room for rejoining ones whose old
     // connection has not closed yet.
-    let max_members = (cfg.flps + cfg.epns) as usize * 2 + 16;
+    let nodes = (cfg.flps + cfg.epns) as usize;
+    let places = (nodes * 2 + 16, nodes);
     let (_, idle) = tokio::sync::watch::channel(crate::conn::keepalive_idle(cfg.lease_ms));
-    acceptor(&opts.secret, (max_members, idle), listener, events, metrics)
+    acceptor(&opts.secret, (places, idle), listener, events, metrics)
 }
 
 /// The acceptor task for at most `max_members` registered connections at once, their
 /// keepalive following `idle`.
 fn acceptor(
     secret: &crate::auth::Secret,
-    (max_members, idle): (usize, tokio::sync::watch::Receiver<std::time::Duration>),
+    (places, idle): (
+        (usize, usize),
+        tokio::sync::watch::Receiver<std::time::Duration>,
+    ),
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: &Arc<Metrics>,
@@ -182,7 +186,7 @@ fn acceptor(
         listener,
         events,
         metrics.clone(),
-        max_members,
+        places,
         secret,
         idle,
     ))

@@ -38,19 +38,20 @@ pub enum Event {
     },
 }
 
-/// `idle`: the keepalive idle time of each connection (`conn::keepalive_idle` of the
-/// run's lease; a session changes it with each configured run).
+/// `places`: member places (proven nodes) and the nodes the handshake pool expects
+/// (it has twice as many places); `idle`: the keepalive idle time of each connection
+/// (`conn::keepalive_idle` of the run's lease; a session changes it with each run).
 pub async fn accept_loop(
     listener: TcpListener,
     events: mpsc::Sender<Event>,
     metrics: Arc<Metrics>,
-    max_peers: usize,
+    (max_peers, nodes): (usize, usize),
     secret: Arc<Secret>,
     idle: watch::Receiver<Duration>,
 ) {
     let mut next: ConnId = 1;
     let members = Arc::new(Semaphore::new(max_peers));
-    let admission = Admission::new(max_peers);
+    let admission = Admission::new(nodes);
     loop {
         let what = "ICN control port";
         let (stream, peer, ticket) = admission.accept(&listener, what, &metrics).await;

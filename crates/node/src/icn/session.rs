@@ -81,7 +81,7 @@ pub async fn session(mut opts: SessionOptions) -> anyhow::Result<()> {
     let (keepalive, idle) = tokio::sync::watch::channel(crate::conn::KEEPALIVE_IDLE);
     let _acceptor = AbortOnDrop(acceptor(
         &opts.secret,
-        (MAX_MEMBERS, idle),
+        ((MAX_MEMBERS, MAX_MEMBERS), idle),
         listener,
         ev_tx,
         &metrics,
