@@ -274,6 +274,10 @@ async fn serve_flp(
     ctx: &DataCtx,
 ) -> Result<(), String> {
     let _ = stream.set_nodelay(true);
+    // The EPN never writes on a data connection, so only probes find an FLP whose host
+    // died mid-STF (no FIN, no RST): without them the reader would hold the STF's
+    // reservation, its place and the FLP's claim (no FlpGone) for good.
+    crate::conn::keepalive(&stream, crate::conn::KEEPALIVE_IDLE);
     let mut lowat = RecvLowat::new(stream.as_raw_fd());
     let (mut rd, mut wr) = stream.into_split();
     // No read buffer until the FLP proved itself: a stranger holds a socket, no more
@@ -411,8 +415,14 @@ async fn read_stf_header<R: tokio::io::AsyncRead + Unpin>(
             h.msg_type
         )));
     }
+    if (h.length as usize) < STF_HEADER_LEN {
+        return Err(DataError::Peer(format!(
+            "STF frame length {} is shorter than its {STF_HEADER_LEN}-byte STF header",
+            h.length
+        )));
+    }
     let mut hb = [0u8; STF_HEADER_LEN];
-    if (h.length as usize) < STF_HEADER_LEN || !read_exact_or_eof(rd, &mut hb).await? {
+    if !read_exact_or_eof(rd, &mut hb).await? {
         return Err(ConnError::Eof.into());
     }
     let sh = StfHeader::decode(&hb).map_err(ConnError::from)?;
@@ -508,15 +518,10 @@ async fn send(ctx: &DataCtx, ev: BuildEvent) {
 mod tests {
     use super::*;
 
-    /// FLP 0 connects to an EPN, then (restarted after its host died, say) again while
-    /// the first connection is still open: the newer one is taken, the older closed.
-    /// Only when the newer ends too does the builder hear that FLP 0 has none.
-    #[tokio::test]
-    async fn a_newer_proven_connection_of_an_flp_replaces_the_older() {
+    /// A data context for EPN 0 of run 1 with 2 FLPs, and its builder's events.
+    fn data_ctx(secret: &crate::auth::Secret) -> (Arc<DataCtx>, mpsc::Receiver<BuildEvent>) {
         let budget = Arc::new(ByteBudget::new(1 << 20));
-        let (builder, mut events) = mpsc::channel(16);
-        let metrics = Metrics::new("epn", Some(0));
-        let secret = crate::auth::Secret::new(b"run secret");
+        let (builder, events) = mpsc::channel(16);
         let ctx = Arc::new(DataCtx {
             me: 0,
             run_id: 1,
@@ -525,11 +530,41 @@ mod tests {
             pool: Arc::new(BufPool::new(budget.clone())),
             budget,
             builder,
-            metrics: metrics.clone(),
+            metrics: Metrics::new("epn", Some(0)),
             connected: Default::default(),
             secret: secret.clone(),
             admission: Admission::new(2),
         });
+        (ctx, events)
+    }
+
+    /// A frame too short for its STF header is named as such, not taken for a close.
+    #[tokio::test]
+    async fn an_stf_frame_shorter_than_its_header_is_named() {
+        use tokio::io::AsyncWriteExt;
+        let (ctx, _events) = data_ctx(&crate::auth::Secret::new(b"run secret"));
+        let (mut epn, mut flp) = tokio::io::duplex(1024);
+        let h = fanin_proto::FrameHeader {
+            msg_type: fanin_proto::MsgType::Stf as u8,
+            length: 10,
+        };
+        flp.write_all(&h.encode()).await.unwrap();
+        flp.write_all(&[0u8; 10]).await.unwrap();
+        let e = read_stf_header(&mut epn, 0, &ctx, 1 << 20)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), "bad_peer");
+        assert!(e.to_string().contains("STF frame length 10"), "{e}");
+    }
+
+    /// FLP 0 connects to an EPN, then (restarted after its host died, say) again while
+    /// the first connection is still open: the newer one is taken, the older closed.
+    /// Only when the newer ends too does the builder hear that FLP 0 has none.
+    #[tokio::test]
+    async fn a_newer_proven_connection_of_an_flp_replaces_the_older() {
+        let secret = crate::auth::Secret::new(b"run secret");
+        let (ctx, mut events) = data_ctx(&secret);
+        let metrics = ctx.metrics.clone();
         let listener = Arc::new(TcpListener::bind("127.0.0.1:0").await.unwrap());
         let at = listener.local_addr().unwrap();
         tokio::spawn(accept_loop(listener, ctx));
@@ -545,6 +580,24 @@ mod tests {
         let mut older = connect(&flp, 0, at, None)
             .await
             .expect("the first connection");
+        // The EPN's end probes a silent FLP (once its DataHelloAck is acknowledged,
+        // the socket's timer is the keepalive's).
+        let local = older.local_addr().unwrap().to_string();
+        let mut ss = String::new();
+        for _ in 0..100 {
+            let out = std::process::Command::new("ss")
+                .args(["-tnoH", "state", "established"])
+                .args(["(", "sport", "=", &format!(":{}", at.port()), ")"])
+                .output()
+                .expect("ss (iproute2)");
+            ss = String::from_utf8_lossy(&out.stdout).into_owned();
+            let epn_end = ss.lines().find(|l| l.contains(&local));
+            if epn_end.is_some_and(|l| l.contains("keepalive")) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(ss.contains("keepalive"), "no keepalive timer: {ss}");
         let newer = connect(&flp, 0, at, None)
             .await
             .expect("the second, taken too");
