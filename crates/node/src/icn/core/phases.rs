@@ -175,6 +175,22 @@ impl IcnCore {
             self.prepare();
             return self.maybe_all_ready(); // nobody came back: nothing to wait for
         }
+        if self.gathered.is_some() && self.phase == Phase::Preparing {
+            // Nodes that came back but are not ready (an FLP still connecting to an EPN
+            // that died meanwhile) are dropped, as if they had left: they may join later.
+            let mut late: Vec<ConnId> = self
+                .peers
+                .iter()
+                .filter(|(_, p)| !p.ready && p.joined_at.is_none())
+                .map(|(c, _)| *c)
+                .collect();
+            late.sort_unstable();
+            for c in late {
+                self.metrics.error("not_ready");
+                self.peer_gone(c, "not ready by the take-over's pre-run deadline");
+            }
+            return self.maybe_all_ready();
+        }
         let cfg = &self.cfg.run.cfg;
         let missing_flps: Vec<u32> = (0..cfg.flps)
             .filter(|i| !self.flps.contains_key(i))

@@ -356,3 +356,33 @@ fn a_stale_incomplete_report_yields_to_the_epn_the_tf_was_moved_to() {
         assert_eq!(done, [(10, TfStatus::Complete, Reason::None)]);
     }
 }
+
+/// A take-over's pre-run runs out while FLP 1 is not ready (still connecting to an EPN,
+/// say): the run goes on without it, as if it had left, instead of being given up with
+/// its TFs in flight counted nowhere.
+#[test]
+fn a_node_not_ready_by_the_take_overs_deadline_is_dropped_and_the_run_goes_on() {
+    let cfg = super::config(2, 2, |_| {});
+    let mut h = H::make(cfg, 0, None, false, Some(earlier()));
+    for e in 0..2 {
+        h.register(epn_conn(e), Role::Epn, Some(e));
+        let held = Message::TfsHeld {
+            building: vec![],
+            reports: vec![],
+        };
+        h.msg(epn_conn(e), held);
+    }
+    for f in 0..2 {
+        h.register(flp_conn(f), Role::Flp, Some(f));
+        h.msg(flp_conn(f), Message::StfsHeld(vec![held(10, 0)]));
+    }
+    assert_eq!(h.core.phase(), Phase::Preparing, "all came back");
+    for e in 0..2 {
+        h.msg(epn_conn(e), ready(Role::Epn, e, 0));
+    }
+    h.msg(flp_conn(0), ready(Role::Flp, 0, 2));
+    let a = h.at(60_000);
+    assert_eq!(h.core.fatal(), None);
+    assert_eq!(h.core.phase(), Phase::Running);
+    assert!(a.contains(&Action::Close { conn: flp_conn(1) }), "{a:?}");
+}
