@@ -136,7 +136,8 @@ pub enum Action {
         building: u32,
     },
     /// The run started now (the shell notes the wall-clock time), or goes on now
-    /// after a take-over (`resumed`: the run's start stays what it was).
+    /// after a take-over (`resumed`: the run's start stays what it was; a run whose
+    /// ICN died in its pre-run is not resumed but starts at the take-over).
     RunStarted {
         resumed: bool,
     },

@@ -59,10 +59,12 @@ impl IcnCore {
         );
         self.log(Level::Info, line);
         // A take-over goes on with the run's time axis (the shell's clock counts from
-        // the run's start).
+        // the run's start), unless its ICN died in the pre-run: that run starts now, as
+        // a fresh one does (its start noted, the take-over's gathering no pause).
         let resumed = self.gathered.is_some();
-        self.run_t0 = Some(if resumed { Duration::ZERO } else { now });
-        self.emit(Action::RunStarted { resumed });
+        let started = self.gathered.as_ref().is_some_and(|g| g.started);
+        self.run_t0 = Some(if started { Duration::ZERO } else { now });
+        self.emit(Action::RunStarted { resumed: started });
         for p in self.peers.values_mut() {
             p.last_seen = now;
         }
@@ -73,6 +75,8 @@ impl IcnCore {
         }
         if resumed {
             self.resume_ledger();
+        }
+        if started {
             self.outage_as_pause();
         }
         self.phase_deadline = self.run_deadline(self.run_t0.unwrap_or(now) + self.paused_total);

@@ -94,6 +94,9 @@ pub(crate) struct Gathered {
     reports: BTreeMap<TfId, (EpnId, TfReport)>,
     /// EPNs that came back with their run (a TF stays only with one of them).
     resumed: BTreeSet<EpnId>,
+    /// The run had started before (its start was noted, or TFs ended): false when the
+    /// failed ICN died in the pre-run, and this run starts now, as a fresh one does.
+    pub(super) started: bool,
     /// Ids a node may hold: timer runs, this run's and not absurdly far past the rows;
     /// on-data, any (they are the sources').
     ids: std::ops::Range<TfId>,
@@ -188,6 +191,7 @@ impl IcnCore {
         );
         self.log(Level::Warn, line.clone());
         self.note(line);
+        g.started = t.elapsed > Duration::ZERO || !t.rows.is_empty();
         self.gathered = Some(g);
     }
 

@@ -386,3 +386,43 @@ fn a_node_not_ready_by_the_take_overs_deadline_is_dropped_and_the_run_goes_on() 
     assert_eq!(h.core.phase(), Phase::Running);
     assert!(a.contains(&Action::Close { conn: flp_conn(1) }), "{a:?}");
 }
+
+/// The failed ICN died in its pre-run (no start noted, no rows): the run starts when
+/// its nodes are ready, as a fresh one does. The take-over's gathering (2 s here) is no
+/// pause, or the summary would take it off the issuing span and call the run invalid.
+#[test]
+fn a_run_whose_icn_died_in_its_prerun_starts_fresh_at_the_take_over() {
+    let t = Takeover {
+        epoch: 0,
+        elapsed: std::time::Duration::ZERO,
+        rows: vec![],
+    };
+    let mut h = H::make(super::config(1, 1, |_| {}), 0, None, false, Some(t));
+    h.register(epn_conn(0), Role::Epn, Some(0));
+    let held = Message::TfsHeld {
+        building: vec![],
+        reports: vec![],
+    };
+    h.msg(epn_conn(0), held);
+    h.register(flp_conn(0), Role::Flp, Some(0));
+    h.msg(flp_conn(0), Message::StfsHeld(vec![]));
+    h.now = 2000 * MS;
+    h.msg(epn_conn(0), ready(Role::Epn, 0, 0));
+    let a = h.msg(flp_conn(0), ready(Role::Flp, 0, 1));
+    assert!(a.contains(&Action::RunStarted { resumed: false }), "{a:?}");
+    assert!(to(&a, flp_conn(0)).contains(&Message::RunStart {
+        run_id: 7,
+        elapsed_us: 0
+    }));
+    for ms in 2001..2110 {
+        h.at(ms);
+    }
+    for (tf, epn) in assigns(&h.log.clone()) {
+        h.complete(epn, tf);
+    }
+    h.at(2200);
+    let s = h.finish();
+    assert_eq!((s.issued, s.completed), (100, 100), "{s:?}");
+    assert_eq!(s.paused_s, 0.0);
+    assert!(s.valid, "{s:?}");
+}
