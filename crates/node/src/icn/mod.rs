@@ -223,11 +223,33 @@ async fn reelect(
 ) -> Result<crate::registry::Leadership, String> {
     let lead = elect_again(r, control).await?;
     // Elected again: unless another ICN took the run over meanwhile (and died too).
-    match lead.run_state().await {
-        Ok(Some((_, v))) if version.is_some_and(|mine| mine != v) => {
-            Err("another ICN took the run over meanwhile".into())
+    let mut read = lead.run_state().await;
+    for _ in 0..STATE_READS {
+        if read.is_ok() {
+            break;
         }
-        _ => Ok(lead),
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        read = lead.run_state().await;
+    }
+    let read = read
+        .map(|s| s.map(|(_, v)| v))
+        .map_err(|e| format!("{e:#}"));
+    may_lead_again(version, read).map(|()| lead)
+}
+
+/// Reads of the run's state a re-elected ICN tries before it gives the run up.
+const STATE_READS: usize = 5;
+
+/// Whether an ICN elected again may go on with its run: only when the run's state is
+/// still the version it wrote. A state it cannot read, or that is gone, may hide a
+/// take-over (going on would issue that ICN's ids again), so the run ends here.
+fn may_lead_again(mine: Option<i32>, read: Result<Option<i32>, String>) -> Result<(), String> {
+    match (mine, read) {
+        (_, Err(e)) => Err(format!("the run's state cannot be read ({e})")),
+        (None, _) => Ok(()),
+        (Some(m), Ok(Some(v))) if m == v => Ok(()),
+        (Some(_), Ok(Some(_))) => Err("another ICN took the run over meanwhile".into()),
+        (Some(_), Ok(None)) => Err("the run's state is gone from the registry".into()),
     }
 }
 
@@ -820,6 +842,23 @@ mod tests {
     use fanin_proto::{Reason, TfStatus};
     use std::sync::atomic::Ordering;
     use summary::TestDisk;
+
+    /// An ICN elected again goes on only over the state version it wrote: a read that
+    /// fails (a flaky link right after the outage) may hide a take-over, as may a state
+    /// that is gone, so neither lets it lead again.
+    #[test]
+    fn a_re_elected_icn_goes_on_only_over_its_own_state() {
+        assert_eq!(may_lead_again(Some(3), Ok(Some(3))), Ok(()));
+        assert_eq!(may_lead_again(None, Ok(None)), Ok(()));
+        let taken = may_lead_again(Some(3), Ok(Some(4))).unwrap_err();
+        assert!(taken.contains("took the run over"), "{taken}");
+        let unread = may_lead_again(Some(3), Err("connection loss".into())).unwrap_err();
+        assert!(
+            unread.contains("cannot be read (connection loss)"),
+            "{unread}"
+        );
+        assert!(may_lead_again(Some(3), Ok(None)).is_err());
+    }
 
     /// An ICN shell whose rows go to `disk`, with one control connection (id 5).
     fn shell(disk: TestDisk) -> (Shell, mpsc::Receiver<Message>, Arc<Metrics>) {
