@@ -392,6 +392,61 @@ fn a_node_started_again_after_its_run_ended_has_nothing_to_rejoin() {
     next.kill9();
 }
 
+/// An ICN whose run ended while the registry was out of reach wrote its summary but
+/// could not mark the run ended. A standby elected later finds that summary: it marks
+/// the run ended and takes nothing over (it took the finished run over, rewriting its
+/// rows and summary, and a run without a count issued for ever).
+#[test]
+fn a_standby_takes_nothing_over_from_a_run_whose_summary_is_written() {
+    let server = zk(100);
+    let url = server.url("/fanin-summarized");
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    std::fs::create_dir_all(&results).unwrap();
+    let summary = r#"{"run_id": 7, "invariant_ok": true}"#;
+    std::fs::write(results.join("summary.json"), summary).unwrap();
+    let (rt, lead) = leader_at(&url, "127.0.0.1:9");
+    rt.block_on(lead.set_run_state(&run_7(&results, false).encode(), None))
+        .unwrap();
+    let cfg = common::write_config(dir.path(), "flps = 1\nepns = 1\nrate_hz = 10\n");
+    let log = dir.path().join("standby.log");
+    let mut standby = Proc::spawn(
+        "standby ICN",
+        fanin()
+            .args(["icn", "--standby", "--registry", &url])
+            .args(["--control", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--results-dir")
+            .arg(&results)
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    still_waiting(&mut standby, &log); // for the leadership
+    drop(lead);
+    drop(rt);
+    let st = standby.wait(60);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!st.success(), "{text}");
+    assert!(text.contains("ended while this ICN stood by"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(results.join("summary.json")).unwrap(),
+        summary
+    );
+    assert!(!results.join("tfs.icn1.csv").exists(), "taken over");
+    let reg = fanin_node::registry::RegistryUrl::parse(&url).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let reg = rt
+        .block_on(fanin_node::registry::zk::ZkRegistry::connect(
+            &reg,
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    assert!(
+        rt.block_on(fanin_node::icn::run_state::ended(&reg, 7)),
+        "marked ended"
+    );
+}
+
 /// Three seconds on, the node is still there, trying to join.
 fn still_waiting(p: &mut Proc, log: &std::path::Path) {
     std::thread::sleep(Duration::from_secs(3));

@@ -317,6 +317,15 @@ impl Leadership {
     /// The run ended: marked so in the registry (an ICN that lost the lead is fenced:
     /// an error, and no summary).
     async fn end_run(&mut self) -> anyhow::Result<()> {
+        let lost_unheard =
+            self.reelect.is_none() && self._lead.as_ref().is_some_and(|l| !l.is_leader());
+        if let (true, Some(r)) = (lost_unheard, self.registry.clone()) {
+            // Lost as the run ended, before the loop heard of it: as after any loss,
+            // lead again unless another ICN took the run over.
+            let version = self.claim.as_ref().map(|c| c.version);
+            self.lost = None;
+            self.reelect = Some(Box::pin(reelect(r, self.control.clone(), version)));
+        }
         if let Some(again) = self.reelect.take() {
             // The run ended during a registry outage: lead again, or learn who does.
             let wait = Duration::from_secs(10);

@@ -80,9 +80,22 @@ pub async fn claim(
 ) -> anyhow::Result<Claim> {
     let results = results.map(absolute);
     let prior = lead.run_state().await?;
-    let version = prior.as_ref().map(|p| p.1);
-    let prior = prior.as_ref().and_then(|(text, _)| RunState::parse(text));
+    let mut version = prior.as_ref().map(|p| p.1);
+    let mut prior = prior.as_ref().and_then(|(text, _)| RunState::parse(text));
     let here = |s: &RunState| results.as_deref() == Some(Path::new(&s.results));
+    if let Some(s) = prior.as_mut().filter(|s| !s.ended && here(s)) {
+        if summary_names(Path::new(&s.results), s.run_id) {
+            // Its ICN wrote the summary but could not mark the run ended (the registry
+            // was out of reach at its end): the run is over, and is marked so now.
+            tracing::warn!(
+                "ICN: run {} has its summary in {} but was not marked ended in the registry; marking it ended",
+                s.run_id,
+                s.results
+            );
+            s.ended = true;
+            version = Some(lead.set_run_state(&s.encode(), version).await?);
+        }
+    }
     if let Some(s) = prior.as_ref().filter(|s| s.ended && waited && here(s)) {
         anyhow::bail!(
             "run {} in {} ended while this ICN stood by: nothing to take over",
@@ -127,6 +140,15 @@ pub async fn claim(
         started_unix_us: None,
         csv,
     })
+}
+
+/// Whether `dir` holds the summary of run `run_id`: the run ended there.
+fn summary_names(dir: &Path, run_id: u64) -> bool {
+    let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) else {
+        return false;
+    };
+    let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+    json.is_some_and(|j| j["run_id"].as_u64() == Some(run_id))
 }
 
 /// Takes the run over: its rows so far become the start of this ICN's own rows file.
