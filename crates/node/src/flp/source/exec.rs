@@ -85,7 +85,11 @@ impl Exec {
                 Some(at) => match tokio::time::timeout_at(at, read).await {
                     Ok(r) => r,
                     Err(_) => {
-                        return Err(self.err("payload", format!("no byte for {STALL_LIMIT:?}")))
+                        let field = match self.header {
+                            Some(_) => "payload",
+                            None => "header",
+                        };
+                        return Err(self.err(field, format!("no byte for {STALL_LIMIT:?}")));
                     }
                 },
             };
@@ -200,6 +204,17 @@ impl Drop for Exec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command that stops inside a frame's header: the stall names the header.
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_inside_a_header_names_the_header() {
+        let mut s = Exec::spawn("printf FSTF; sleep 30", 0, "FLP 0: source exec".into()).unwrap();
+        let e = match s.next(1 << 20).await {
+            Err(e) => e.0,
+            Ok(_) => panic!("no error"),
+        };
+        assert!(e.contains("STF frame 0: header: no byte for"), "{e}");
+    }
 
     /// A command that starts a helper in the background and ends: the helper goes with
     /// the source's end, not with the FLP (which may run on for many runs).
