@@ -142,6 +142,19 @@ impl TfFiles {
         })
     }
 
+    /// Closes the current file once it is `rotate_s` old, TFs or not: a pause in the
+    /// run leaves no file open (and, with `fsync=rotate`, unsynced) for its length.
+    pub fn close_if_old(&mut self) -> std::io::Result<()> {
+        let since = self.cur.as_ref().map(|c| c.since);
+        let old = since
+            .zip(self.opts.rotate_s)
+            .is_some_and(|(t, s)| t.elapsed() >= s);
+        match old {
+            true => self.close(),
+            false => Ok(()),
+        }
+    }
+
     /// Closes the current file (synced unless `fsync=never`); the next TF opens one.
     pub fn close(&mut self) -> std::io::Result<()> {
         if let Some(mut cur) = self.cur.take() {
@@ -179,12 +192,14 @@ pub(super) fn create_numbered(
 /// The `file:` sink.
 pub struct FileSink {
     files: TfFiles,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl FileSink {
     pub fn open(opts: FileOpts, ctx: &SinkCtx) -> anyhow::Result<FileSink> {
         Ok(FileSink {
             files: TfFiles::new(opts, "", ctx.epn)?,
+            metrics: ctx.metrics.clone(),
         })
     }
 }
@@ -195,6 +210,18 @@ impl Sink for FileSink {
             let _ = self.files.cur.take(); // also after a failed fsync or rotation
             SinkError::failed(format!("file sink {}: {e}", self.files.dir().display()))
         })
+    }
+
+    fn idle(&mut self) {
+        if let Err(e) = self.files.close_if_old() {
+            let _ = self.files.cur.take(); // the next TF starts a new file
+            let dir = self.files.dir().display();
+            tracing::error!(
+                "EPN {}: file sink {dir}: closing an aged file: {e}",
+                self.files.epn
+            );
+            self.metrics.error("sink_failed");
+        }
     }
 
     fn finish(&mut self) -> anyhow::Result<()> {
@@ -278,6 +305,36 @@ mod tests {
             names(aged.path()).len(),
             2,
             "the second write found its file old"
+        );
+    }
+
+    /// A file is closed once `rotate_s` old while no TF comes (a paused run): the TF
+    /// after the pause goes to a new file, not onto the old one.
+    #[test]
+    fn an_aged_file_closes_while_no_tf_comes() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = format!("{},rotate_s=0.5", dir.path().display());
+        let ctx = SinkCtx {
+            run_id: 1,
+            epn: 2,
+            metrics: crate::metrics::Metrics::new("epn", Some(2)),
+            on_failure: Default::default(),
+            exec_zero_copy: false,
+            progress: Default::default(),
+        };
+        let mut s = FileSink::open(FileOpts::parse(&spec).unwrap(), &ctx).unwrap();
+        let stfs = vec![(0, vec![7u8; 100])];
+        s.accept(&tf_of(&stfs, 0)).unwrap();
+        s.idle();
+        assert!(s.files.cur.is_some(), "young: still open");
+        std::thread::sleep(Duration::from_millis(600));
+        s.idle();
+        assert!(s.files.cur.is_none(), "aged: closed without a TF");
+        s.accept(&tf_of(&stfs, 1)).unwrap();
+        s.finish().unwrap();
+        assert_eq!(
+            names(dir.path()),
+            ["epn2-000000.fanin", "epn2-000001.fanin"]
         );
     }
 }
