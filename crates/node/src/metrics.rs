@@ -406,12 +406,13 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
     // `MAX_BODY` what strangers can make a node hold): a newcomer evicts the oldest, of
     // its own source first, so idle connections never keep an operator's request out.
     let pool = crate::admission::Admission::new(0);
+    let log = Arc::new(crate::admission::LogLimit::new(10));
     tokio::spawn(async move {
         loop {
-            let (s, _, mut ticket) = pool.accept(&listener, "metrics port", &metrics).await;
-            let m = metrics.clone();
+            let (s, peer, mut ticket) = pool.accept(&listener, "metrics port", &metrics).await;
+            let (m, log) = (metrics.clone(), log.clone());
             tokio::spawn(async move {
-                let exchange = tokio::time::timeout(HTTP_EXCHANGE, answer(s, m));
+                let exchange = tokio::time::timeout(HTTP_EXCHANGE, answer(s, peer, m, &log));
                 tokio::select! {
                     _ = exchange => {}
                     _ = &mut ticket.evicted => {}
@@ -423,20 +424,36 @@ pub async fn serve(bind: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<So
 }
 
 /// Reads one request (5 s at most), answers it on a blocking thread (reading /proc and
-/// /sys, or waiting for the ICN, may sleep) and closes the connection.
-async fn answer(mut s: tokio::net::TcpStream, m: Arc<Metrics>) {
-    let read = tokio::time::timeout(std::time::Duration::from_secs(5), read_request(&mut s));
+/// /sys, or waiting for the ICN, may sleep) and closes the connection. A malformed or
+/// unfinished request is counted and logged (`log`: at most 10 lines a second).
+async fn answer(
+    mut s: tokio::net::TcpStream,
+    peer: SocketAddr,
+    m: Arc<Metrics>,
+    log: &crate::admission::LogLimit,
+) {
+    let limit = std::time::Duration::from_secs(5);
+    let read = tokio::time::timeout(limit, read_request(&mut s));
     let reply = match read.await {
-        Ok(Ok(req)) => match tokio::task::spawn_blocking(move || respond(&m, &req)).await {
+        Ok(Ok(Some(req))) => match tokio::task::spawn_blocking(move || respond(&m, &req)).await {
             Ok(r) => r,
             Err(_) => return,
         },
-        Ok(Err(why)) => Reply {
-            status: "400 Bad Request",
-            kind: TEXT,
-            body: format!("{why}\n"),
-        },
-        Err(_) => return,
+        Ok(Ok(None)) => return, // connected and left without a byte (a port probe)
+        Ok(Err(why)) => {
+            m.error("bad_request");
+            log.warn(|| format!("metrics port: {peer}: {why}"));
+            Reply {
+                status: "400 Bad Request",
+                kind: TEXT,
+                body: format!("{why}\n"),
+            }
+        }
+        Err(_) => {
+            m.error("timeout");
+            log.warn(|| format!("metrics port: {peer}: no whole request within {limit:?}"));
+            return;
+        }
     };
     let head = format!(
         "HTTP/1.1 {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -449,8 +466,9 @@ async fn answer(mut s: tokio::net::TcpStream, m: Arc<Metrics>) {
     let _ = s.shutdown().await;
 }
 
-/// The request line, the headers fanin uses and a body of `Content-Length` bytes.
-async fn read_request(s: &mut tokio::net::TcpStream) -> Result<Request, String> {
+/// The request line, the headers fanin uses and a body of `Content-Length` bytes; None
+/// when the connection closed before its first byte.
+async fn read_request(s: &mut tokio::net::TcpStream) -> Result<Option<Request>, String> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -461,6 +479,9 @@ async fn read_request(s: &mut tokio::net::TcpStream) -> Result<Request, String> 
             return Err(format!("request head over {MAX_HEAD} bytes"));
         }
         let n = s.read(&mut chunk).await.map_err(|e| e.to_string())?;
+        if n == 0 && buf.is_empty() {
+            return Ok(None);
+        }
         if n == 0 {
             return Err("connection closed in the request head".into());
         }
@@ -479,7 +500,7 @@ async fn read_request(s: &mut tokio::net::TcpStream) -> Result<Request, String> 
     }
     body.truncate(want);
     req.body = body;
-    Ok(req)
+    Ok(Some(req))
 }
 
 fn parse_head(head: &str) -> Result<Request, String> {
@@ -584,6 +605,28 @@ mod tests {
 
     /// 100 connections that never speak hold the metrics port: a request still gets
     /// its answer at once, not after their 5 s read time-out.
+    /// A malformed request gets its 400 and is counted; a port probe (connected, closed
+    /// without a byte) is neither.
+    #[tokio::test]
+    async fn a_malformed_request_is_counted() {
+        let m = super::Metrics::new("epn", Some(0));
+        let at = super::serve("127.0.0.1:0".parse().unwrap(), m.clone())
+            .await
+            .unwrap();
+        let reply = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            drop(std::net::TcpStream::connect(at).unwrap());
+            let mut s = std::net::TcpStream::connect(at).unwrap();
+            s.write_all(b"NONSENSE\r\n\r\n").unwrap();
+            let mut reply = String::new();
+            s.read_to_string(&mut reply).unwrap();
+            reply
+        });
+        let reply = reply.await.unwrap();
+        assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+        assert_eq!(m.counter("errors.bad_request"), 1);
+    }
+
     #[tokio::test]
     async fn idle_connections_never_keep_a_request_out() {
         let m = super::Metrics::new("epn", Some(0));
