@@ -14,7 +14,8 @@ from collections import namedtuple
 FILE_MAGIC = b"FANINTF1"
 TF_MAGIC = b"FTF1"
 TF_HEADER = struct.Struct("<4sHHQQII")   # magic, version, flags, run, tf, stfs, crc
-STF_HEADER = struct.Struct("<IIQ")       # flp_id, crc32c of payload, len
+STF_HEADER = struct.Struct("<IIQII")     # flp_id, crc32c of payload, len, crc of 0..16, 0
+STF_HEADER_V1 = struct.Struct("<IIQ")    # version 1: flp_id, crc32c of payload, len
 
 TF = namedtuple("TF", "run_id tf_id stfs")
 STF = namedtuple("STF", "flp_id data crc_ok")
@@ -52,6 +53,17 @@ def _read(f, n, what):
     return b
 
 
+def _stf_header(f, version, tf_id, check_crc):
+    """(flp_id, payload crc, length) of the next STF header; version 2 checks its CRC."""
+    if version == 1:
+        return STF_HEADER_V1.unpack(_read(f, STF_HEADER_V1.size, "an STF header"))
+    b = _read(f, STF_HEADER.size, "an STF header")
+    flp_id, crc, length, own, zero = STF_HEADER.unpack(b)
+    if zero != 0 or (check_crc and crc32c(b[:16]) != own):
+        raise ValueError(f"TF {tf_id}: STF header CRC mismatch")
+    return flp_id, crc, length
+
+
 def read_tfs(f, check_crc=True):
     """Yields every TF of a binary stream; a file header, if present, is skipped."""
     first = f.read(TF_HEADER.size)
@@ -61,13 +73,15 @@ def read_tfs(f, check_crc=True):
         if len(first) < TF_HEADER.size:
             raise Truncated("stream ends inside a TF header")
         magic, version, flags, run_id, tf_id, n, crc = TF_HEADER.unpack(first)
-        if magic != TF_MAGIC or version != 1 or flags != 0:
+        if magic != TF_MAGIC or version not in (1, 2) or flags != 0:
             raise ValueError(f"not a TF record (magic {magic!r}, version {version})")
         if check_crc and crc32c(first[:28]) != crc:
             raise ValueError(f"TF {tf_id}: header CRC mismatch")
         stfs = []
         for _ in range(n):
-            flp_id, crc, length = STF_HEADER.unpack(_read(f, STF_HEADER.size, "an STF header"))
+            flp_id, crc, length = _stf_header(f, version, tf_id, check_crc)
+            if stfs and stfs[-1].flp_id >= flp_id:
+                raise ValueError(f"TF {tf_id}: STF of FLP {flp_id} out of FLP order")
             data = _read(f, length, "an STF payload")
             stfs.append(STF(flp_id, data, crc32c(data) == crc if check_crc else None))
         yield TF(run_id, tf_id, stfs)

@@ -2,7 +2,8 @@
 //! file writer, the tap), little-endian, CRC-checked; the reader never panics.
 //!
 //! A stream is an optional 16-byte file header, then records: a 32-byte TF header and,
-//! per STF, a 16-byte STF header and its payload (docs/sinks.md has the table).
+//! per STF, a 24-byte STF header and its payload (docs/sinks.md has the table). Records
+//! of version 1 (16-byte STF headers without their own CRC) are still read.
 
 use std::io::Read;
 
@@ -14,9 +15,13 @@ pub const FILE_MAGIC: [u8; 8] = *b"FANINTF1";
 pub const FILE_HEADER_LEN: usize = 16;
 /// First 4 bytes of every TF record: "FTF1".
 pub const TF_MAGIC: u32 = u32::from_le_bytes(*b"FTF1");
-pub const TF_RECORD_VERSION: u16 = 1;
+/// Version 2: each STF header carries a CRC of itself, so a damaged FLP id or length is
+/// an error at once (version 1's were covered by nothing).
+pub const TF_RECORD_VERSION: u16 = 2;
 pub const TF_HEADER_LEN: usize = 32;
-pub const STF_RECORD_HEADER_LEN: usize = 16;
+pub const STF_RECORD_HEADER_LEN: usize = 24;
+/// A version 1 record's STF header: FLP id, payload CRC, length.
+pub const STF_RECORD_HEADER_LEN_V1: usize = 16;
 /// Most STFs one record may claim (checked before anything is allocated).
 pub const MAX_RECORD_STFS: u32 = 1 << 20;
 /// Most bytes reserved for a kept payload before its bytes arrive: a larger one grows
@@ -83,6 +88,11 @@ impl TfHeader {
     }
 
     pub fn decode(b: &[u8]) -> Result<TfHeader, DecodeError> {
+        Self::decode_versioned(b).map(|(h, _)| h)
+    }
+
+    /// The header and its record version (1 or 2: how long its STF headers are).
+    pub fn decode_versioned(b: &[u8]) -> Result<(TfHeader, u16), DecodeError> {
         let mut r = Reader::new(b);
         let magic = r.u32("tf magic")?;
         if magic != TF_MAGIC {
@@ -93,7 +103,7 @@ impl TfHeader {
             });
         }
         let version = r.u16("tf version")?;
-        if version != TF_RECORD_VERSION {
+        if !(1..=TF_RECORD_VERSION).contains(&version) {
             let value = version as u64;
             return Err(DecodeError::InvalidValue {
                 field: "tf version",
@@ -124,7 +134,7 @@ impl TfHeader {
                 value,
             });
         }
-        Ok(h)
+        Ok((h, version))
     }
 }
 
@@ -138,15 +148,40 @@ impl StfRecordHeader {
         }
     }
 
+    /// Version 2: the fields, a CRC32C of bytes 0..16, 4 reserved zero bytes.
     pub fn encode(&self) -> [u8; STF_RECORD_HEADER_LEN] {
         let mut b = [0u8; STF_RECORD_HEADER_LEN];
         b[0..4].copy_from_slice(&self.flp_id.to_le_bytes());
         b[4..8].copy_from_slice(&self.crc.to_le_bytes());
         b[8..16].copy_from_slice(&self.len.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..16]);
+        b[16..20].copy_from_slice(&crc.to_le_bytes());
         b
     }
 
+    /// A version 2 header (24 bytes), its own CRC checked.
     pub fn decode(b: &[u8]) -> Result<StfRecordHeader, DecodeError> {
+        let h = Self::decode_v1(b)?;
+        let mut r = Reader::new(b.get(16..).unwrap_or_default());
+        let crc = r.u32("stf header crc")?;
+        if crc != crc32c::crc32c(&b[..16]) {
+            let value = crc as u64;
+            return Err(DecodeError::InvalidValue {
+                field: "stf header crc",
+                value,
+            });
+        }
+        match r.u32("stf reserved")? {
+            0 => Ok(h),
+            v => Err(DecodeError::InvalidValue {
+                field: "stf reserved",
+                value: v as u64,
+            }),
+        }
+    }
+
+    /// A version 1 header (16 bytes: no CRC of its own).
+    pub fn decode_v1(b: &[u8]) -> Result<StfRecordHeader, DecodeError> {
         let mut r = Reader::new(b);
         Ok(StfRecordHeader {
             flp_id: r.u32("stf flp_id")?,
@@ -221,18 +256,31 @@ impl<R: Read> RecordReader<R> {
             n if n < TF_HEADER_LEN => return Err(self.truncated("TF header")),
             _ => {}
         }
-        let header = TfHeader::decode(&h)?;
+        let (header, version) = TfHeader::decode_versioned(&h)?;
         let mut rec = TfRecord {
             header,
             stfs: Vec::with_capacity(header.stfs.min(1024) as usize),
             payloads: Vec::new(),
         };
+        let head_len = match version {
+            1 => STF_RECORD_HEADER_LEN_V1,
+            _ => STF_RECORD_HEADER_LEN,
+        };
         for _ in 0..header.stfs {
             let mut sh = [0u8; STF_RECORD_HEADER_LEN];
-            if self.fill(&mut sh)? < STF_RECORD_HEADER_LEN {
+            if self.fill(&mut sh[..head_len])? < head_len {
                 return Err(self.truncated("STF header"));
             }
-            let s = StfRecordHeader::decode(&sh)?;
+            let s = match version {
+                1 => StfRecordHeader::decode_v1(&sh)?,
+                _ => StfRecordHeader::decode(&sh)?,
+            };
+            // STFs come in FLP order, each FLP once: a repeated or reordered id is damage.
+            if rec.stfs.last().is_some_and(|(p, _)| p.flp_id >= s.flp_id) {
+                let value = s.flp_id as u64;
+                let field = "stf flp_id (not after the previous STF's)";
+                return Err(DecodeError::InvalidValue { field, value }.into());
+            }
             let wanted = self.only_flp.is_none_or(|f| f == s.flp_id);
             let ok = self.payload(s, wanted, &mut rec.payloads)?;
             rec.stfs.push((s, ok));
@@ -372,6 +420,65 @@ mod tests {
         let cut = &bytes[..bytes.len() - 2];
         let err = RecordReader::new(cut, 0).next_record().unwrap_err();
         assert!(err.to_string().contains("ends inside TF record 0"), "{err}");
+    }
+
+    /// A damaged STF header is an error at once: an FLP id turned into another's would
+    /// hand one FLP's bytes to another's reader, and a length turned large would read the
+    /// rest of a file as one payload and look like a file cut off by a crash.
+    #[test]
+    fn a_damaged_stf_header_is_an_error_naming_it() {
+        for at in [TF_HEADER_LEN, TF_HEADER_LEN + 11] {
+            let mut bytes = sample();
+            bytes[at] ^= 1;
+            let err = RecordReader::new(bytes.as_slice(), 1 << 20)
+                .only_flp(1)
+                .next_record()
+                .unwrap_err();
+            assert!(err.to_string().contains("stf header crc"), "{at}: {err}");
+        }
+    }
+
+    /// STFs come in FLP order, each FLP once.
+    #[test]
+    fn stfs_out_of_flp_order_are_refused() {
+        let h = TfHeader {
+            run_id: 7,
+            tf_id: 42,
+            stfs: 2,
+        };
+        for order in [[1u32, 0], [1, 1]] {
+            let bytes = encode_record(h, &[(order[0], b"abc".as_slice()), (order[1], b"de")]);
+            let err = RecordReader::new(bytes.as_slice(), 1 << 20)
+                .next_record()
+                .unwrap_err();
+            assert!(err.to_string().contains("stf flp_id"), "{order:?}: {err}");
+        }
+    }
+
+    /// Files written before version 2 (16-byte STF headers) still read.
+    #[test]
+    fn version_1_records_still_read() {
+        let mut tf = TfHeader {
+            run_id: 7,
+            tf_id: 42,
+            stfs: 2,
+        }
+        .encode();
+        tf[4..6].copy_from_slice(&1u16.to_le_bytes());
+        let crc = crc32c::crc32c(&tf[..28]);
+        tf[28..32].copy_from_slice(&crc.to_le_bytes());
+        let mut bytes = tf.to_vec();
+        for (flp, p) in [(0u32, b"abc".as_slice()), (1, b"defgh")] {
+            let head = StfRecordHeader::of(flp, p).encode();
+            bytes.extend_from_slice(&head[..STF_RECORD_HEADER_LEN_V1]);
+            bytes.extend_from_slice(p);
+        }
+        let rec = RecordReader::new(bytes.as_slice(), 1 << 20)
+            .next_record()
+            .unwrap()
+            .unwrap();
+        assert_eq!(rec.payloads, vec![b"abc".to_vec(), b"defgh".to_vec()]);
+        assert!(rec.crc_ok());
     }
 
     #[test]

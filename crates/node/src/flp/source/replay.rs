@@ -333,4 +333,37 @@ mod tests {
             "{err}"
         );
     }
+
+    /// A damaged STF length in a file (another FLP's, in TF 2) is an error naming the
+    /// file and the field, not a file "cut short" whose later TFs vanish unseen.
+    #[tokio::test]
+    async fn a_damaged_stf_length_is_an_error_not_a_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = encode_file_header(0).to_vec();
+        for tf_id in [1, 2, 3] {
+            let header = TfHeader {
+                run_id: 1,
+                tf_id,
+                stfs: 2,
+            };
+            bytes.extend(encode_record(header, &[(0, &[1u8; 500]), (1, &[2u8; 500])]));
+        }
+        // TF 2's second STF header: its length's third byte (+16 MiB).
+        let record = 32 + 2 * (24 + 500);
+        let at = 16 + record + 32 + 24 + 500 + 8 + 3;
+        bytes[at] ^= 1;
+        std::fs::write(dir.path().join("epn0-000000.fanin"), bytes).unwrap();
+        let mut r = Replay::open(dir.path(), 0, None, "FLP 0: source replay".into()).unwrap();
+        let err = loop {
+            match r.next(1 << 20).await {
+                Ok(Event::Stf(_)) => {}
+                Ok(_) => panic!("the replay ended without an error"),
+                Err(e) => break e.0,
+            }
+        };
+        assert!(
+            err.contains("epn0-000000.fanin") && err.contains("stf header crc"),
+            "{err}"
+        );
+    }
 }
