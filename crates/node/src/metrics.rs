@@ -441,7 +441,7 @@ async fn answer(
         },
         Ok(Ok(None)) => return, // connected and left without a byte (a port probe)
         Ok(Err(why)) => {
-            m.error("bad_request");
+            m.error("http_bad_request");
             log.warn(|| format!("metrics port: {peer}: {why}"));
             Reply {
                 status: "400 Bad Request",
@@ -450,7 +450,7 @@ async fn answer(
             }
         }
         Err(_) => {
-            m.error("timeout");
+            m.error("http_timeout");
             log.warn(|| format!("metrics port: {peer}: no whole request within {limit:?}"));
             return;
         }
@@ -603,8 +603,6 @@ mod tests {
         assert_eq!(sent(&m), 3);
     }
 
-    /// 100 connections that never speak hold the metrics port: a request still gets
-    /// its answer at once, not after their 5 s read time-out.
     /// A malformed request gets its 400 and is counted; a port probe (connected, closed
     /// without a byte) is neither.
     #[tokio::test]
@@ -624,9 +622,11 @@ mod tests {
         });
         let reply = reply.await.unwrap();
         assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
-        assert_eq!(m.counter("errors.bad_request"), 1);
+        assert_eq!(m.counter("errors.http_bad_request"), 1);
     }
 
+    /// 100 connections that never speak hold the metrics port: a request still gets
+    /// its answer at once, not after their 5 s read time-out.
     #[tokio::test]
     async fn idle_connections_never_keep_a_request_out() {
         let m = super::Metrics::new("epn", Some(0));

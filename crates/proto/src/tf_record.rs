@@ -497,7 +497,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_records_never_panic(pos in 0usize..48, bit in 0u8..8) {
+        fn mutated_records_never_panic(pos in 0usize..96, bit in 0u8..8) {
             let mut bytes = sample();
             let p = pos % bytes.len();
             bytes[p] ^= 1 << bit;

@@ -221,10 +221,12 @@ async fn reelect(
     control: String,
     version: Option<i32>,
 ) -> Result<crate::registry::Leadership, String> {
-    let lead = elect_again(r, control).await?;
+    let lead = elect_again(r, control)
+        .await
+        .map_err(|other| format!("the ICN at {other} leads now"))?;
     // Elected again: unless another ICN took the run over meanwhile (and died too).
     let mut read = lead.run_state().await;
-    for _ in 0..STATE_READS {
+    for _ in 1..STATE_READS {
         if read.is_ok() {
             break;
         }
@@ -242,14 +244,16 @@ const STATE_READS: usize = 5;
 
 /// Whether an ICN elected again may go on with its run: only when the run's state is
 /// still the version it wrote. A state it cannot read, or that is gone, may hide a
-/// take-over (going on would issue that ICN's ids again), so the run ends here.
+/// take-over (going on would issue that ICN's ids again), so the run ends here. The
+/// error says why, as a sentence.
 fn may_lead_again(mine: Option<i32>, read: Result<Option<i32>, String>) -> Result<(), String> {
+    let unsure = |why: String| Err(format!("{why}, so a take-over cannot be ruled out"));
     match (mine, read) {
-        (_, Err(e)) => Err(format!("the run's state cannot be read ({e})")),
+        (_, Err(e)) => unsure(format!("the run's state cannot be read ({e})")),
         (None, _) => Ok(()),
         (Some(m), Ok(Some(v))) if m == v => Ok(()),
         (Some(_), Ok(Some(_))) => Err("another ICN took the run over meanwhile".into()),
-        (Some(_), Ok(None)) => Err("the run's state is gone from the registry".into()),
+        (Some(_), Ok(None)) => unsure("the run's state is gone from the registry".into()),
     }
 }
 
@@ -331,8 +335,8 @@ impl Leadership {
             let wait = Duration::from_secs(10);
             match tokio::time::timeout(wait, again).await {
                 Ok(Ok(lead)) => self._lead = Some(lead),
-                Ok(Err(other)) => {
-                    anyhow::bail!("fenced: another ICN leads ({other}); this one writes no summary")
+                Ok(Err(why)) => {
+                    anyhow::bail!("fenced: {why}; this one writes no summary")
                 }
                 Err(_) => {
                     // Nobody could be elected without the registry either.
@@ -391,8 +395,8 @@ impl Leadership {
                             what: format!("leads again in the registry after {secs:.1} s; the run went on"),
                         }
                     }
-                    Err(other) => {
-                        tracing::warn!("ICN: the ICN at {other} leads now");
+                    Err(why) => {
+                        tracing::warn!("ICN: does not lead again: {why}");
                         Input::LostLeadership
                     }
                 }
@@ -863,7 +867,7 @@ mod tests {
         assert!(taken.contains("took the run over"), "{taken}");
         let unread = may_lead_again(Some(3), Err("connection loss".into())).unwrap_err();
         assert!(
-            unread.contains("cannot be read (connection loss)"),
+            unread.contains("cannot be read (connection loss), so a take-over"),
             "{unread}"
         );
         assert!(may_lead_again(Some(3), Ok(None)).is_err());

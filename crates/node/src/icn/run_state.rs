@@ -119,7 +119,10 @@ pub async fn claim(
     // This run's files, before the state names them (no earlier run's start is taken).
     let csv = match &results {
         Some(d) => {
-            let _ = std::fs::remove_file(d.join(RUN_START_FILE));
+            // An earlier run's summary too: a later standby takes it for this run's end.
+            for f in [RUN_START_FILE, "summary.json", "summary.csv"] {
+                let _ = std::fs::remove_file(d.join(f));
+            }
             Some(TfCsv::create(d)?)
         }
         None => None,

@@ -48,6 +48,9 @@ pub struct ExecSink {
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     proc: Option<Running>,
     restarts_in_a_row: u32,
+    /// Commands stopped because their filtered output could not be written: a full
+    /// disk stays full while TFs are taken, so these count for the whole run.
+    output_failures: u32,
 }
 
 struct Running {
@@ -55,6 +58,8 @@ struct Running {
     stdin: Option<ChildStdin>,
     /// Copies its stdout to the filtered output; ends with the error that stopped it.
     forward: Option<std::thread::JoinHandle<Result<(), String>>>,
+    /// Set by `stop`: the filtered output failed.
+    output_failed: bool,
 }
 
 impl ExecSink {
@@ -69,6 +74,7 @@ impl ExecSink {
             metrics: ctx.metrics.clone(),
             proc: None,
             restarts_in_a_row: 0,
+            output_failures: 0,
         };
         s.proc = Some(s.spawn()?);
         Ok(s)
@@ -106,6 +112,7 @@ impl ExecSink {
             child,
             stdin,
             forward,
+            output_failed: false,
         })
     }
 
@@ -114,7 +121,9 @@ impl ExecSink {
         let status = self.stop(Duration::from_millis(200));
         let mut msg = format!("exec sink `{}`: {e} (the command {status})", self.cmd);
         let mut err = SinkError::failed(msg.clone());
-        if self.on_failure == OnFailure::Leave || self.restarts_in_a_row >= MAX_RESTARTS {
+        let gave_up =
+            self.restarts_in_a_row >= MAX_RESTARTS || self.output_failures >= MAX_RESTARTS;
+        if self.on_failure == OnFailure::Leave || gave_up {
             msg.push_str("; the EPN leaves the run");
             err.msg = msg;
             err.fatal = true;
@@ -159,10 +168,12 @@ impl Sink for ExecSink {
 
 impl ExecSink {
     fn stop(&mut self, grace: Duration) -> String {
-        match self.proc.take() {
-            Some(mut p) => p.stop(grace),
-            None => "was not running".into(),
-        }
+        let Some(mut p) = self.proc.take() else {
+            return "was not running".into();
+        };
+        let how = p.stop(grace);
+        self.output_failures += u32::from(p.output_failed);
+        how
     }
 }
 
@@ -194,6 +205,7 @@ impl Running {
         // so its stdout closes and the forwarding thread ends.
         self.kill_group();
         let forward = self.forward.take().and_then(join_forward);
+        self.output_failed = forward.is_some();
         let ended = match (
             status.code(),
             std::os::unix::process::ExitStatusExt::signal(&status),
@@ -287,6 +299,31 @@ mod tests {
         let t0 = Instant::now();
         s.finish().unwrap();
         assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
+    }
+
+    /// A command whose filtered output keeps failing (a full disk) is restarted at most
+    /// `MAX_RESTARTS` times in the run, however many TFs each one took: then the EPN
+    /// leaves, instead of failing every other TF for as long as the disk stays full.
+    #[test]
+    fn filtered_output_failures_count_for_the_whole_run() {
+        let ctx = SinkCtx {
+            run_id: 1,
+            epn: 0,
+            metrics: crate::metrics::Metrics::new("epn", Some(0)),
+            on_failure: OnFailure::Restart,
+            exec_zero_copy: false,
+            progress: Default::default(),
+        };
+        let mut s = ExecSink::start("cat > /dev/null", &ctx, None).unwrap();
+        let stfs = vec![(0u32, vec![1u8; 100])];
+        for i in 1..=MAX_RESTARTS {
+            s.accept(&TfView::new(1, 0, u64::from(i), &stfs)).unwrap();
+            let failing = std::thread::spawn(|| Err("filtered output f: No space left".into()));
+            s.proc.as_mut().unwrap().forward = Some(failing);
+            let e = s.failed(std::io::ErrorKind::BrokenPipe.into());
+            assert!(e.msg.contains("No space left"), "{}", e.msg);
+            assert_eq!(e.fatal, i == MAX_RESTARTS, "failure {i}: {}", e.msg);
+        }
     }
 
     /// The filtered output cannot be written (here /dev/full, as a full disk): the error

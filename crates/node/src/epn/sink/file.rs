@@ -281,7 +281,7 @@ mod tests {
             f.write(&tf_of(&stfs, tf)).unwrap();
         }
         f.close().unwrap();
-        // 1048 bytes a record: a file closes once it holds 2500, i.e. after 3 TFs.
+        // 1056 bytes a record: a file closes once it holds 2500, i.e. after 3 TFs.
         assert_eq!(
             names(dir.path()),
             ["epn2-000000.fanin", "epn2-000001.fanin"]

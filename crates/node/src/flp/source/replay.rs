@@ -348,7 +348,7 @@ mod tests {
             };
             bytes.extend(encode_record(header, &[(0, &[1u8; 500]), (1, &[2u8; 500])]));
         }
-        // TF 2's second STF header: its length's third byte (+16 MiB).
+        // TF 2's second STF header: its length's fourth byte (+16 MiB).
         let record = 32 + 2 * (24 + 500);
         let at = 16 + record + 32 + 24 + 500 + 8 + 3;
         bytes[at] ^= 1;

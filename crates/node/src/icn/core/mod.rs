@@ -91,7 +91,8 @@ pub enum Input {
     Membership(Membership),
     /// The registry's membership watch ended: leases detect failures again.
     MembershipLost,
-    /// This ICN lost its registry leadership: another ICN leads now.
+    /// This ICN lost its registry leadership and did not win it back: another ICN
+    /// leads now, or it cannot rule out a take-over.
     LostLeadership,
     /// The registry's leadership was lost (`lost`) or won back while no other ICN leads:
     /// noted, the run goes on; from the loss on, leases detect failed nodes.

@@ -221,7 +221,7 @@ impl IcnCore {
         // is fenced. It stops at once and says nothing more to anyone: no RunStop, no
         // rows, no summary.
         self.lost_leadership = true;
-        let msg = "lost leadership: another ICN leads now; the run ends here";
+        let msg = "lost leadership and did not win it back: the run ends here (another ICN goes on with it, or may)";
         self.log(Level::Warn, msg.into());
         self.note(msg.into());
         match self.phase {
