@@ -84,17 +84,7 @@ pub async fn claim(
     let mut prior = prior.as_ref().and_then(|(text, _)| RunState::parse(text));
     let here = |s: &RunState| results.as_deref() == Some(Path::new(&s.results));
     if let Some(s) = prior.as_mut().filter(|s| !s.ended && here(s)) {
-        if summary_names(Path::new(&s.results), s.run_id) {
-            // Its ICN wrote the summary but could not mark the run ended (the registry
-            // was out of reach at its end): the run is over, and is marked so now.
-            tracing::warn!(
-                "ICN: run {} has its summary in {} but was not marked ended in the registry; marking it ended",
-                s.run_id,
-                s.results
-            );
-            s.ended = true;
-            version = Some(lead.set_run_state(&s.encode(), version).await?);
-        }
+        version = end_if_summarized(lead, s, version).await?;
     }
     if let Some(s) = prior.as_ref().filter(|s| s.ended && waited && here(s)) {
         anyhow::bail!(
@@ -143,6 +133,26 @@ pub async fn claim(
         started_unix_us: None,
         csv,
     })
+}
+
+/// A going run whose summary is in its results directory ended there, but its ICN could
+/// not mark it so (the registry was out of reach at its end): marked ended now. The
+/// state's version after.
+async fn end_if_summarized(
+    lead: &Leadership,
+    s: &mut RunState,
+    version: Option<i32>,
+) -> anyhow::Result<Option<i32>> {
+    if !summary_names(Path::new(&s.results), s.run_id) {
+        return Ok(version);
+    }
+    tracing::warn!(
+        "ICN: run {} has its summary in {} but was not marked ended in the registry; marking it ended",
+        s.run_id,
+        s.results
+    );
+    s.ended = true;
+    Ok(Some(lead.set_run_state(&s.encode(), version).await?))
 }
 
 /// Whether `dir` holds the summary of run `run_id`: the run ended there.
