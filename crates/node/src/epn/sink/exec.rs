@@ -286,14 +286,7 @@ mod tests {
     #[test]
     fn a_stdout_held_open_outside_the_group_does_not_hold_the_stop() {
         let dir = tempfile::tempdir().unwrap();
-        let ctx = SinkCtx {
-            run_id: 1,
-            epn: 0,
-            metrics: crate::metrics::Metrics::new("epn", Some(0)),
-            on_failure: OnFailure::Restart,
-            exec_zero_copy: false,
-            progress: Default::default(),
-        };
+        let ctx = SinkCtx::for_tests(0);
         let cmd = "setsid sleep 8 & sleep 0.3; cat > /dev/null";
         let mut s = ExecSink::start(cmd, &ctx, Some(dir.path().to_path_buf())).unwrap();
         let t0 = Instant::now();
@@ -306,14 +299,7 @@ mod tests {
     /// leaves, instead of failing every other TF for as long as the disk stays full.
     #[test]
     fn filtered_output_failures_count_for_the_whole_run() {
-        let ctx = SinkCtx {
-            run_id: 1,
-            epn: 0,
-            metrics: crate::metrics::Metrics::new("epn", Some(0)),
-            on_failure: OnFailure::Restart,
-            exec_zero_copy: false,
-            progress: Default::default(),
-        };
+        let ctx = SinkCtx::for_tests(0);
         let mut s = ExecSink::start("cat > /dev/null", &ctx, None).unwrap();
         let stfs = vec![(0u32, vec![1u8; 100])];
         for i in 1..=MAX_RESTARTS {

@@ -314,14 +314,7 @@ mod tests {
     fn an_aged_file_closes_while_no_tf_comes() {
         let dir = tempfile::tempdir().unwrap();
         let spec = format!("{},rotate_s=0.5", dir.path().display());
-        let ctx = SinkCtx {
-            run_id: 1,
-            epn: 2,
-            metrics: crate::metrics::Metrics::new("epn", Some(2)),
-            on_failure: Default::default(),
-            exec_zero_copy: false,
-            progress: Default::default(),
-        };
+        let ctx = SinkCtx::for_tests(2);
         let mut s = FileSink::open(FileOpts::parse(&spec).unwrap(), &ctx).unwrap();
         let stfs = vec![(0, vec![7u8; 100])];
         s.accept(&tf_of(&stfs, 0)).unwrap();

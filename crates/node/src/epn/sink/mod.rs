@@ -231,6 +231,21 @@ pub struct SinkCtx {
     pub progress: Arc<std::sync::atomic::AtomicU64>,
 }
 
+impl SinkCtx {
+    /// Run 1 of EPN `epn`, sinks restarted on failure (the sinks' tests).
+    #[cfg(test)]
+    pub(crate) fn for_tests(epn: EpnId) -> SinkCtx {
+        SinkCtx {
+            run_id: 1,
+            epn,
+            metrics: Metrics::new("epn", Some(epn)),
+            on_failure: OnFailure::Restart,
+            exec_zero_copy: false,
+            progress: Default::default(),
+        }
+    }
+}
+
 /// The sink thread of one run: built TFs in, verdicts back to the build task.
 pub struct Sinks {
     tx: Option<std::sync::mpsc::Sender<Built<Vec<u8>>>>,

@@ -271,11 +271,8 @@ mod tests {
     use super::*;
     use fanin_proto::tf_record::{encode_file_header, encode_record, TfHeader};
 
-    /// Files from an EPN killed as it wrote: one ends in a cut-off record, one before its
-    /// header. The whole records are replayed, and the end says how many files were cut.
-    #[tokio::test]
-    async fn a_file_cut_off_mid_record_is_read_up_to_there() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A file of EPN 0 holding TFs 1..=3 of run 1, each with FLP 0's and FLP 1's STF.
+    fn three_tfs(stfs: impl Fn(u64) -> (Vec<u8>, Vec<u8>)) -> Vec<u8> {
         let mut bytes = encode_file_header(0).to_vec();
         for tf_id in [1, 2, 3] {
             let header = TfHeader {
@@ -283,9 +280,18 @@ mod tests {
                 tf_id,
                 stfs: 2,
             };
-            let (a, b) = (vec![tf_id as u8; 500], vec![9u8; 500]);
+            let (a, b) = stfs(tf_id);
             bytes.extend(encode_record(header, &[(0, &a), (1, &b)]));
         }
+        bytes
+    }
+
+    /// Files from an EPN killed as it wrote: one ends in a cut-off record, one before its
+    /// header. The whole records are replayed, and the end says how many files were cut.
+    #[tokio::test]
+    async fn a_file_cut_off_mid_record_is_read_up_to_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = three_tfs(|tf| (vec![tf as u8; 500], vec![9u8; 500]));
         bytes.truncate(bytes.len() - 300); // TF 3 cut off
         std::fs::write(dir.path().join("epn0-000000.fanin"), bytes).unwrap();
         std::fs::write(dir.path().join("epn1-000000.fanin"), b"FAN").unwrap();
@@ -339,15 +345,7 @@ mod tests {
     #[tokio::test]
     async fn a_damaged_stf_length_is_an_error_not_a_cut() {
         let dir = tempfile::tempdir().unwrap();
-        let mut bytes = encode_file_header(0).to_vec();
-        for tf_id in [1, 2, 3] {
-            let header = TfHeader {
-                run_id: 1,
-                tf_id,
-                stfs: 2,
-            };
-            bytes.extend(encode_record(header, &[(0, &[1u8; 500]), (1, &[2u8; 500])]));
-        }
+        let mut bytes = three_tfs(|_| (vec![1u8; 500], vec![2u8; 500]));
         // TF 2's second STF header: its length's fourth byte (+16 MiB).
         let record = 32 + 2 * (24 + 500);
         let at = 16 + record + 32 + 24 + 500 + 8 + 3;
