@@ -20,6 +20,6 @@ pub use message::{
 pub const MAX_CONTROL_BODY: u32 = 64 << 10;
 
 /// Body limit for a connection's first frame, read before its peer has proved the run
-/// secret (a Register: at most 1066 bytes; a DataHello: 44), so a stranger's frame
+/// secret (a Register body: at most 1064 bytes; a DataHello: 44), so a stranger's frame
 /// costs a listener no more than this.
 pub const MAX_HANDSHAKE_BODY: u32 = 2 << 10;
