@@ -205,6 +205,7 @@ fn bad_configuration_values_name_their_field() {
             "[run]\nepns = 2\n[[fault]]\nnode = \"epn 7\"\naction = \"kill\"\nat_s = 1\n",
             "epn 7",
         ),
+        ("[run]\ndrain_timeout_ms = 9223372036854775807\n", "drain_timeout_ms"),
         (
             "[run]\n[testbed]\nname = \"pi-cluster\"\ncontrol = \"air\"\nicn = 1\nflps = [1, 2]\nepns = [3]\n",
             "air",
@@ -219,6 +220,19 @@ fn bad_configuration_values_name_their_field() {
         &["run", "/nonexistent/exp.toml"],
         &["/nonexistent/exp.toml"],
     );
+    // The command line's overrides meet the experiment's faults at the check.
+    let faulty = dir.path().join("faulty.toml");
+    let text = "[run]\nepns = 4\nregistry = \"zookeeper\"\n[[fault]]\nnode = \"epn 3\"\naction = \"kill\"\nat_s = 1\n[[fault]]\nnode = \"icn\"\naction = \"kill\"\nat_s = 1\n";
+    std::fs::write(&faulty, text).unwrap();
+    let faulty = faulty.to_str().unwrap();
+    one_line_error(&["run", faulty, "--epns", "1"], &["epn 3"]);
+    one_line_error(&["--check", "run", faulty, "--epns", "1"], &["epn 3"]);
+    one_line_error(&["run", faulty, "--registry", "embedded"], &["icn"]);
+    // A packet simulator's rate that is infinite (it panicked in the run).
+    let fabric = dir.path().join("fabric.toml");
+    let text = "model = \"fabric\"\nname = \"f\"\n[fabric]\nk = 4\nhosts_per_edge = 2\nrate_max_pps = inf\n[[scenario]]\nlabel = \"a\"\npattern = \"random\"\n";
+    std::fs::write(&fabric, text).unwrap();
+    one_line_error(&["sim", fabric.to_str().unwrap()], &["rate_max_pps"]);
     one_line_error(
         &["flp", "--icn", "127.0.0.1:1", "--send-buffer", "12XB"],
         &["--send-buffer"],

@@ -146,13 +146,29 @@ const TOP_KEYS: [&str; 11] = [
 type RawConfig = (Option<String>, Table, Published);
 
 pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
+    parse_with(text, origin, &|_| Ok(()))
+}
+
+/// A run's settings changed after the file (the command line's overrides).
+pub type Tweak<'a> = &'a dyn Fn(&mut RunConfig) -> anyhow::Result<()>;
+
+/// `parse`, with `tweak` applied to every configuration before the experiment's tables
+/// (`[testbed]`, `[[fault]]`, `[[source]]`, `[[sink]]`) are checked against them: a
+/// `--epns 1` must meet a fault on EPN 3 at the check, not at run time.
+pub fn parse_with(text: &str, origin: &str, tweak: Tweak) -> anyhow::Result<Experiment> {
     let doc: Table = from_toml(text).with_context(|| format!("experiment {origin}"))?;
     check_keys(&doc).with_context(|| format!("experiment {origin}"))?;
     let (name, description, repetitions) =
         header(&doc, origin).with_context(|| format!("experiment {origin}"))?;
     let rows = raw_configs(&doc).with_context(|| format!("experiment {origin}"))?;
     let rows = cross_matrix(&doc, rows).with_context(|| format!("experiment {origin}"))?;
-    let configs = typed(rows).with_context(|| format!("experiment {origin}"))?;
+    let mut configs = typed(rows).with_context(|| format!("experiment {origin}"))?;
+    for c in &mut configs {
+        tweak(&mut c.run)?;
+        c.run
+            .check()
+            .with_context(|| format!("configuration {}", c.label))?;
+    }
     let testbed = match doc.get("testbed") {
         None => None,
         Some(v) => {
@@ -330,9 +346,14 @@ fn faults(doc: &Table, configs: &[Config]) -> anyhow::Result<Vec<crate::faults::
 }
 
 pub fn load(path: &Path) -> anyhow::Result<Experiment> {
+    load_with(path, &|_| Ok(()))
+}
+
+/// `load`, with `tweak` applied as `parse_with` does.
+pub fn load_with(path: &Path, tweak: Tweak) -> anyhow::Result<Experiment> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading experiment {}", path.display()))?;
-    parse(&text, &path.display().to_string())
+    parse_with(&text, &path.display().to_string(), tweak)
 }
 
 /// For `fanin icn --config`: an experiment file (first configuration) or a bare run table.

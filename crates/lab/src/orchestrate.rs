@@ -156,21 +156,16 @@ fn effective(c: &fanin_node::RunConfig) -> String {
 /// The experiment to run: the file (or the embedded default), the `--only` rows, the
 /// command line's overrides, every configuration checked.
 fn load(a: &RunArgs) -> anyhow::Result<Experiment> {
+    let tweak = |run: &mut fanin_node::RunConfig| a.overrides.apply(run);
     let mut exp: Experiment = match &a.file {
-        Some(p) => experiment::load(p)?,
-        None => experiment::parse(experiment::DEFAULT, "default")?,
+        Some(p) => experiment::load_with(p, &tweak)?,
+        None => experiment::parse_with(experiment::DEFAULT, "default", &tweak)?,
     };
     if !a.only.is_empty() {
         exp.configs.retain(|c| a.only.contains(&c.label));
         if exp.configs.is_empty() {
             bail!("--only {:?}: no configuration has those labels", a.only);
         }
-    }
-    for c in &mut exp.configs {
-        a.overrides.apply(&mut c.run)?;
-        c.run
-            .check()
-            .with_context(|| format!("configuration {}", c.label))?;
     }
     Ok(exp)
 }

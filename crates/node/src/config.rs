@@ -213,6 +213,9 @@ impl RunConfig {
         let flp_buffer = buffer("flp_buffer", self.flp_buffer, stf_size)?;
         let epn_buffer = buffer("epn_buffer", self.epn_buffer, stf_size)?;
         in_range("build_timeout_ms", self.build_timeout_ms, 1, 3_600_000, "")?;
+        if let Some(d) = self.drain_timeout_ms {
+            in_range("drain_timeout_ms", d, 1, 3_600_000, "")?;
+        }
         self.check_policy()?;
         self.check_membership()?;
         in_range("max_inflight", self.max_inflight, 1, 10_000_000, "")?;

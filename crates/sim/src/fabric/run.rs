@@ -119,6 +119,10 @@ impl Default for FabricConfig {
     }
 }
 
+/// Most packets a second a host's flow may ask for (a 100 Gbit/s link carries about
+/// 150 million of the smallest).
+const MAX_PPS: f64 = 1e9;
+
 impl FabricConfig {
     /// Checks every value, naming the field at fault.
     pub fn check(&self) -> Result<Pattern, crate::ConfigError> {
@@ -154,6 +158,10 @@ impl FabricConfig {
             return Err(
                 "start_spread_s must not exceed tail_s (late hosts stop in the tail)".into(),
             );
+        }
+        if self.rate_max_pps.is_nan() || self.rate_max_pps > MAX_PPS {
+            let v = self.rate_max_pps;
+            return Err(format!("rate_max_pps = {v}: at most {MAX_PPS:e} packets a second").into());
         }
         if self.rate_max_pps < self.rate_min_pps {
             return Err("rate_max_pps must be at least rate_min_pps".into());
