@@ -292,6 +292,20 @@ fn bad_configuration_values_name_their_field() {
     one_line_error(&huge, &["--run-id", "too large"]);
     one_line_error(&["inspect", "/etc/passwd"], &["not a fanin TF file"]);
     one_line_error(&["trigger", "--epn", "127.0.0.1:1"], &["127.0.0.1:1"]);
+    one_line_error(
+        &[
+            "chaos",
+            "--real",
+            "--seeds",
+            "3",
+            "--results",
+            "/etc/passwd/x",
+        ],
+        &["--results /etc/passwd/x", "Not a directory"],
+    );
+    // Checked before iperf3 runs, named by the flag.
+    let bench = ["bench", "throughput", "--cases", "1x1", "--repeat", "1"];
+    one_line_error(&[&bench[..], &["--seconds=-1"]].concat(), &["--seconds"]);
     // A results directory that cannot be made: refused before anything runs.
     one_line_error(
         &["run", "--results", "/etc/passwd/x", "--tfs", "10"],

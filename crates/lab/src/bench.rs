@@ -241,6 +241,12 @@ async fn iperf3(seconds: f64) -> anyhow::Result<f64> {
 async fn throughput(a: ThroughputArgs) -> anyhow::Result<()> {
     let cases = parse_cases(&a.cases)?;
     anyhow::ensure!(a.repeat >= 1, "--repeat must be at least 1");
+    // Every case's configuration checked before the first measurement, under the flag.
+    for &(flps, epns) in &cases {
+        throughput_config(&a, flps, epns)
+            .check()
+            .map_err(|e| anyhow::anyhow!("--seconds, --stf-size or --cases: {e:#}"))?;
+    }
     println!(
         "fanin bench throughput: {} s per measurement, STF size {}, {} interleaved repetitions, medians",
         a.seconds, a.stf_size, a.repeat

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Args;
 use fanin_sim::nodes::chaos::{self, Case, Tally};
 
@@ -58,6 +58,12 @@ async fn real(a: &ChaosArgs) -> anyhow::Result<()> {
         Some(s) => vec![s],
         None => (a.first..a.first.saturating_add(a.seeds)).collect(),
     };
+    // Where the cases go, checked once: not one "broken promise" per seed.
+    if let Some(&first) = seeds.first() {
+        let dir = crate::chaos_real::case_dir(&a.results, first);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("--results {}: {}", a.results.display(), dir.display()))?;
+    }
     let t0 = Instant::now();
     let tb = match a.testbed {
         true => Some(crate::chaos_real::CampaignTestbed::up()?),
