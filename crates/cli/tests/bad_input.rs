@@ -313,6 +313,31 @@ fn bad_configuration_values_name_their_field() {
     );
 }
 
+/// An ICN that fails in the pre-run (EPN 0's sink cannot be made) fails the run at
+/// once: the other nodes are told to stop, not waited for one after another until each
+/// is killed (that took two minutes).
+#[test]
+fn an_icn_failing_before_the_run_ends_every_node_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = dir.path().join("sinkfail.toml");
+    let text = "[run]\nflps = 2\nepns = 3\nrate_hz = 100\ntfs = 100\nprerun_timeout_s = 2\n[[sink]]\nspec = \"file:/etc/passwd/tfs\"\nepns = [0]\n";
+    std::fs::write(&exp, text).unwrap();
+    let results = dir.path().join("results");
+    let out = fanin()
+        .args([
+            "run",
+            exp.to_str().unwrap(),
+            "--results",
+            results.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("/etc/passwd/tfs: Not a directory"), "{text}");
+    assert!(!text.contains("did not exit"), "{text}");
+}
+
 /// A secret that went missing (`FANIN_SECRET=$(cat no-such-file)`) is not "no secret".
 #[test]
 fn a_blank_environment_secret_is_a_one_line_error() {

@@ -36,14 +36,31 @@ pub(super) async fn wait_icns(
     })
 }
 
-/// Every node leaves by itself after RunStop; give them a moment, then insist.
+/// Every node leaves by itself after RunStop; give them a moment (`exit_wait`, all of
+/// them together), then insist. After an ICN that failed (`icn_ok` false: no RunStop
+/// came) they are told to stop at once, and get `FAILED_ICN_WAIT`.
 pub(super) async fn reap_nodes(
     nodes: &Nodes,
     injected: &[Injected],
     (prefix, dir): (&str, &Path),
-    exit_wait: Duration,
+    (exit_wait, icn_ok): (Duration, bool),
 ) {
     let mut nodes = nodes.lock().await;
+    // Nodes still running when a failed ICN ended: told to stop, how they end is no news.
+    let mut told = std::collections::BTreeSet::new();
+    let wait = match icn_ok {
+        true => exit_wait,
+        false => {
+            for n in nodes.iter_mut().filter(|n| n.name != "ICN") {
+                if matches!(n.child.try_wait(), Ok(None)) {
+                    crate::process::signal_child(&n.child, libc::SIGTERM);
+                    told.insert(n.name.clone());
+                }
+            }
+            FAILED_ICN_WAIT
+        }
+    };
+    let deadline = tokio::time::Instant::now() + wait;
     for NodeProc { name, child, .. } in nodes.iter_mut() {
         if name == "ICN" {
             continue;
@@ -56,8 +73,8 @@ pub(super) async fn reap_nodes(
             signal_kill(child).await;
             continue;
         }
-        match tokio::time::timeout(exit_wait, child.wait()).await {
-            Ok(Ok(st)) if st.success() => {}
+        match tokio::time::timeout_at(deadline, child.wait()).await {
+            Ok(Ok(st)) if st.success() || told.contains(name.as_str()) => {}
             Ok(Ok(st)) => {
                 let logname = name.to_lowercase().replace(' ', "-") + ".log";
                 println!(
@@ -72,6 +89,9 @@ pub(super) async fn reap_nodes(
         }
     }
 }
+
+/// How long nodes told to stop after a failed ICN have, together.
+const FAILED_ICN_WAIT: Duration = Duration::from_secs(5);
 
 /// Kills a node left frozen or dead by a fault (SIGCONT first, so it can die).
 async fn signal_kill(child: &mut Child) {

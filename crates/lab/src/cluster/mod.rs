@@ -78,7 +78,7 @@ pub async fn run_on(
     }
     let took_over = watch.takeover.elected_unix_us.is_some();
     let status = ending::wait_icns(&nodes, standby.as_mut().map(|s| &mut s.0), took_over).await?;
-    let exit_wait = node_plan.epn_exit_wait();
+    let exit_wait = (node_plan.epn_exit_wait(), status.success());
     ending::reap_nodes(&nodes, &injected, (prefix, dir), exit_wait).await;
     ending::summary(dir, status, &injected, watch.takeover)
 }
