@@ -249,6 +249,13 @@ fn bad_configuration_values_name_their_field() {
         &["nosuchhost.invalid"],
     );
     one_line_error(&["icn", "--lease-ms", "soon"], &["--lease-ms"]);
+    let flp = ["flp", "--icn", "127.0.0.1:1", "--connect-timeout", "30"];
+    one_line_error(
+        &[&flp[..], &["--data-bind", "192.0.2.9"]].concat(),
+        &["--data-bind"],
+    );
+    let epn = ["epn", "--icn", "127.0.0.1:1", "--control-bind", "192.0.2.9"];
+    one_line_error(&epn, &["--control-bind", "not an address of this host"]);
     one_line_error(&["icn", "--reassign", "perhaps"], &["--reassign"]);
     one_line_error(&["icn", "--registry", "zookeeper"], &["zk://"]);
     one_line_error(
