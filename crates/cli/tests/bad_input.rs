@@ -233,6 +233,26 @@ fn bad_configuration_values_name_their_field() {
     let text = "model = \"fabric\"\nname = \"f\"\n[fabric]\nk = 4\nhosts_per_edge = 2\nrate_max_pps = inf\n[[scenario]]\nlabel = \"a\"\npattern = \"random\"\n";
     std::fs::write(&fabric, text).unwrap();
     one_line_error(&["sim", fabric.to_str().unwrap()], &["rate_max_pps"]);
+    // The flow model takes the policies' values as the runtime does.
+    let flow = |alice: &str| {
+        format!("model = \"flow\"\nname = \"f\"\npolicies = [\"least-loaded\"]\n[alice]\npreset = \"alice-2016\"\nduration_s = 1\n{alice}\n[[run]]\nlabel = \"a\"\n")
+    };
+    for (i, (alice, field)) in [
+        ("least_loaded = { max_building = 0 }", "max_building"),
+        (
+            "least_loaded = { headroom_percent = 4000000000 }",
+            "headroom_percent",
+        ),
+        ("flp_gbps = 1e300", "flp_gbps"),
+        ("epn_weights = [1, 0]", "epn_weights"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = dir.path().join(format!("flow{i}.toml"));
+        std::fs::write(&p, flow(alice)).unwrap();
+        one_line_error(&["sim", p.to_str().unwrap()], &[field]);
+    }
     one_line_error(
         &["flp", "--icn", "127.0.0.1:1", "--send-buffer", "12XB"],
         &["--send-buffer"],

@@ -251,35 +251,13 @@ impl RunConfig {
         })
     }
 
+    /// The policies' own checks, shared with the simulators (`crates/sched`).
     fn check_policy(&self) -> anyhow::Result<()> {
-        in_range(
-            "epn_weights",
-            self.epn_weights.len(),
-            0,
-            MAX_NODES as usize,
-            " (one per EPN)",
-        )?;
-        if self.epn_weights.iter().any(|&w| w == 0 || w > 1_000_000) {
-            return Err(field_err(
-                "epn_weights",
-                "weights must be 1..=1000000, one per EPN",
-            ));
-        }
-        let ll = &self.least_loaded;
-        in_range(
-            "least_loaded.max_building",
-            ll.max_building,
-            1,
-            u32::MAX,
-            "",
-        )?;
-        in_range(
-            "least_loaded.headroom_percent",
-            ll.headroom_percent,
-            0,
-            10_000,
-            "",
-        )
+        fanin_sched::policy::check_weights(&self.epn_weights, MAX_NODES as usize)
+            .map_err(|e| field_err("epn_weights", e))?;
+        self.least_loaded
+            .check()
+            .map_err(|e| field_err("least_loaded", e))
     }
 
     fn check_membership(&self) -> anyhow::Result<()> {

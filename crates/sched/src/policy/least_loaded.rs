@@ -61,6 +61,22 @@ impl Default for LeastLoadedConfig {
     }
 }
 
+impl LeastLoadedConfig {
+    /// Checks the values as the runtime and the simulators take them, naming the field.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_building == 0 {
+            return Err("least_loaded.max_building: at least 1 (0 takes no TF)".into());
+        }
+        if self.headroom_percent > 10_000 {
+            let v = self.headroom_percent;
+            return Err(format!(
+                "least_loaded.headroom_percent = {v}: at most 10000"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// DataDistribution's `findTfBuilderForTf`, deterministic and without threads:
 ///
 /// - Members are kept in a ready list (joiners at the back). Each TF goes to the first

@@ -21,7 +21,7 @@ pub use least_loaded::{LeastLoaded, LeastLoadedConfig, WhenNoneReady};
 pub use reinit::Reinit;
 pub use round_robin::RoundRobin;
 pub use static_modulo::StaticModulo;
-pub use weighted_round_robin::WeightedRoundRobin;
+pub use weighted_round_robin::{check_weights, WeightedRoundRobin};
 pub use whitelist::Whitelist;
 
 use crate::{EpnId, TfId};

@@ -25,6 +25,26 @@ pub struct WeightedRoundRobin {
     weights: BTreeMap<EpnId, u32>,
 }
 
+/// The largest weight an EPN may have.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+/// Checks per-EPN weights as the runtime and the simulators take them: one per EPN,
+/// each 1..=`MAX_WEIGHT` (a weight 0 would never be scheduled, a huge one overflows).
+pub fn check_weights(weights: &[u32], epns: usize) -> Result<(), String> {
+    if weights.len() > epns {
+        return Err(format!(
+            "{} weights for {epns} EPNs (one per EPN)",
+            weights.len()
+        ));
+    }
+    match weights.iter().find(|&&w| w == 0 || w > MAX_WEIGHT) {
+        Some(w) => Err(format!(
+            "weight {w}: weights must be 1..={MAX_WEIGHT}, one per EPN"
+        )),
+        None => Ok(()),
+    }
+}
+
 impl WeightedRoundRobin {
     /// The weight `epn` is scheduled with.
     pub fn weight(&self, epn: EpnId) -> u32 {

@@ -214,12 +214,21 @@ impl AliceConfig {
 
     /// Checks every value, naming the field at fault.
     pub fn check(&self) -> Result<(Scale, StfSize, Proc), crate::ConfigError> {
+        /// The largest STF the model takes (a rate of 1e300 Gbit/s would be u64::MAX).
+        const MAX_STF_BYTES: u64 = 64 << 30;
         let s = self.scale()?;
         let size = match &self.stf_size {
             Some(m) => m.parse::<StfSize>().map_err(|e| format!("stf_size: {e}"))?,
             None => StfSize::Fixed((s.flp_gbps * 1e9 / 8.0 / s.tf_rate_hz).round() as u64),
         };
         let proc = parse_proc(&self.processing)?;
+        fanin_sched::policy::check_weights(&self.epn_weights, s.epns as usize)
+            .map_err(|e| format!("epn_weights: {e}"))?;
+        self.least_loaded.check()?;
+        if size.max() > MAX_STF_BYTES {
+            let what = "an STF over 64 GiB: check stf_size, or flp_gbps against tf_rate_hz";
+            return Err(what.into());
+        }
         let bad = |v: Option<u32>| v.is_some_and(|n| !(1..=100_000).contains(&n));
         if bad(self.flp_tokens) || bad(self.epn_tokens) {
             return Err("flp_tokens and epn_tokens must be within 1..=100000".into());
