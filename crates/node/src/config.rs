@@ -257,7 +257,7 @@ impl RunConfig {
             .map_err(|e| field_err("epn_weights", e))?;
         self.least_loaded
             .check()
-            .map_err(|e| field_err("least_loaded", e))
+            .map_err(|(field, why)| field_err(field, why))
     }
 
     fn check_membership(&self) -> anyhow::Result<()> {

@@ -62,16 +62,16 @@ impl Default for LeastLoadedConfig {
 }
 
 impl LeastLoadedConfig {
-    /// Checks the values as the runtime and the simulators take them, naming the field.
-    pub fn check(&self) -> Result<(), String> {
+    /// Checks the values as the runtime and the simulators take them: the field at
+    /// fault and why.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
         if self.max_building == 0 {
-            return Err("least_loaded.max_building: at least 1 (0 takes no TF)".into());
+            let why = "0 is not within 1..=4294967295 (0 takes no TF)".into();
+            return Err(("least_loaded.max_building", why));
         }
         if self.headroom_percent > 10_000 {
-            let v = self.headroom_percent;
-            return Err(format!(
-                "least_loaded.headroom_percent = {v}: at most 10000"
-            ));
+            let why = format!("{} is not within 0..=10000", self.headroom_percent);
+            return Err(("least_loaded.headroom_percent", why));
         }
         Ok(())
     }

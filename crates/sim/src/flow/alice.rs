@@ -224,7 +224,7 @@ impl AliceConfig {
         let proc = parse_proc(&self.processing)?;
         fanin_sched::policy::check_weights(&self.epn_weights, s.epns as usize)
             .map_err(|e| format!("epn_weights: {e}"))?;
-        self.least_loaded.check()?;
+        (self.least_loaded.check()).map_err(|(field, why)| format!("{field}: {why}"))?;
         if size.max() > MAX_STF_BYTES {
             let what = "an STF over 64 GiB: check stf_size, or flp_gbps against tf_rate_hz";
             return Err(what.into());
