@@ -417,8 +417,15 @@ async fn main_async(cli: Cli) -> anyhow::Result<()> {
             anyhow::ensure!(summary.invariant_ok, "accounting invariant violated");
             Ok(())
         }
-        Cmd::Flp(a) => flp::run(flp_options(&a)?).await,
-        Cmd::Epn(a) => epn::run(epn_options(&a)?).await,
+        Cmd::Flp(a) => {
+            local_ip("--control-bind", a.common.control_bind)?;
+            local_ip("--data-bind", a.data_bind)?;
+            flp::run(flp_options(&a)?).await
+        }
+        Cmd::Epn(a) => {
+            local_ip("--control-bind", a.common.control_bind)?;
+            epn::run(epn_options(&a)?).await
+        }
         Cmd::Bench(b) => bench::run(b).await,
         Cmd::Sim(a) => sim::run(a, false),
         Cmd::Chaos(a) => fanin_lab::chaos::run(&a).await,
@@ -452,14 +459,15 @@ fn inspect(files: &[PathBuf], quiet: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A local address flag, checked to be one of this host's: a connection bound to
+/// A local address flag, checked to be one of this host's when the node starts (not by
+/// `--check`, which may check a command meant for another host): a connection bound to
 /// another would fail at every attempt, retried as if the ICN were away.
-fn local_ip(flag: &str, ip: Option<IpAddr>) -> anyhow::Result<Option<IpAddr>> {
+fn local_ip(flag: &str, ip: Option<IpAddr>) -> anyhow::Result<()> {
     if let Some(ip) = ip {
         std::net::TcpListener::bind((ip, 0))
             .map_err(|e| anyhow::anyhow!("{flag} {ip}: not an address of this host ({e})"))?;
     }
-    Ok(ip)
+    Ok(())
 }
 
 /// An FLP's options from its flags, every value checked.
@@ -469,8 +477,8 @@ fn flp_options(a: &FlpArgs) -> anyhow::Result<flp::FlpOptions> {
         registry: node_registry(&a.common)?,
         icn: a.common.icn,
         id: a.common.id,
-        control_bind: local_ip("--control-bind", a.common.control_bind)?,
-        data_bind: local_ip("--data-bind", a.data_bind)?,
+        control_bind: a.common.control_bind,
+        data_bind: a.data_bind,
         send_buffer: bytes_arg("send-buffer", &a.send_buffer)?,
         metrics_bind: a.common.metrics,
         connect_timeout: connect_timeout(a.common.connect_timeout)?,
@@ -495,7 +503,7 @@ fn epn_options(a: &EpnArgs) -> anyhow::Result<epn::EpnOptions> {
         id: a.common.id,
         data_bind: a.data_bind,
         advertise: a.advertise,
-        control_bind: local_ip("--control-bind", a.common.control_bind)?,
+        control_bind: a.common.control_bind,
         build_buffer: bytes_arg("build-buffer", &a.build_buffer)?,
         max_building: a.max_building,
         metrics_bind: a.common.metrics,

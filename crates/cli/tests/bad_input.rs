@@ -228,6 +228,25 @@ fn bad_configuration_values_name_their_field() {
     one_line_error(&["run", faulty, "--epns", "1"], &["epn 3"]);
     one_line_error(&["--check", "run", faulty, "--epns", "1"], &["epn 3"]);
     one_line_error(&["run", faulty, "--registry", "embedded"], &["icn"]);
+    // ... but only the rows that run: --only drops the others first, and --local the
+    // testbed's placement.
+    let exp = repo_root().join("experiments/tdr-network-baseline.toml");
+    let exp = exp.to_str().unwrap();
+    let ok = |args: &[&str]| {
+        let out = fanin()
+            .args(["--check", "run", exp])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(&["--only", "4", "--flp-buffer", "32KiB"]);
+    ok(&["--local", "--epns", "2"]);
+    one_line_error(&["--check", "run", exp, "--epns", "2"], &["[testbed]"]);
     // A packet simulator's rate that is infinite (it panicked in the run).
     let fabric = dir.path().join("fabric.toml");
     let text = "model = \"fabric\"\nname = \"f\"\n[fabric]\nk = 4\nhosts_per_edge = 2\nrate_max_pps = inf\n[[scenario]]\nlabel = \"a\"\npattern = \"random\"\n";

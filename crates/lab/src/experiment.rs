@@ -146,16 +146,22 @@ const TOP_KEYS: [&str; 11] = [
 type RawConfig = (Option<String>, Table, Published);
 
 pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
-    parse_with(text, origin, &|_| Ok(()))
+    parse_with(text, origin, (&[], &|_| Ok(())))
 }
 
-/// A run's settings changed after the file (the command line's overrides).
-pub type Tweak<'a> = &'a dyn Fn(&mut RunConfig) -> anyhow::Result<()>;
+/// The command line's say over an experiment: the configurations it keeps (`--only`
+/// labels; none: all) and its settings changed after the file (the overrides).
+pub type Tweak<'a> = (
+    &'a [String],
+    &'a dyn Fn(&mut RunConfig) -> anyhow::Result<()>,
+);
 
-/// `parse`, with `tweak` applied to every configuration before the experiment's tables
-/// (`[testbed]`, `[[fault]]`, `[[source]]`, `[[sink]]`) are checked against them: a
-/// `--epns 1` must meet a fault on EPN 3 at the check, not at run time.
-pub fn parse_with(text: &str, origin: &str, tweak: Tweak) -> anyhow::Result<Experiment> {
+/// `parse`, keeping the `--only` rows and applying the overrides to them before the
+/// experiment's `[[fault]]`, `[[source]]` and `[[sink]]` are checked against them: a
+/// `--epns 1` must meet a fault on EPN 3 at the check, not at run time. The `[testbed]`
+/// placement is checked against the file's values (`--local` runs without it; the
+/// caller checks it again when the testbed is used).
+pub fn parse_with(text: &str, origin: &str, (only, tweak): Tweak) -> anyhow::Result<Experiment> {
     let doc: Table = from_toml(text).with_context(|| format!("experiment {origin}"))?;
     check_keys(&doc).with_context(|| format!("experiment {origin}"))?;
     let (name, description, repetitions) =
@@ -163,11 +169,12 @@ pub fn parse_with(text: &str, origin: &str, tweak: Tweak) -> anyhow::Result<Expe
     let rows = raw_configs(&doc).with_context(|| format!("experiment {origin}"))?;
     let rows = cross_matrix(&doc, rows).with_context(|| format!("experiment {origin}"))?;
     let mut configs = typed(rows).with_context(|| format!("experiment {origin}"))?;
-    for c in &mut configs {
-        tweak(&mut c.run)?;
-        c.run
-            .check()
-            .with_context(|| format!("configuration {}", c.label))?;
+    if !only.is_empty() {
+        configs.retain(|c| only.contains(&c.label));
+        anyhow::ensure!(
+            !configs.is_empty(),
+            "--only {only:?}: no configuration has those labels"
+        );
     }
     let testbed = match doc.get("testbed") {
         None => None,
@@ -182,6 +189,12 @@ pub fn parse_with(text: &str, origin: &str, tweak: Tweak) -> anyhow::Result<Expe
             Some(p)
         }
     };
+    for c in &mut configs {
+        tweak(&mut c.run)?;
+        c.run
+            .check()
+            .with_context(|| format!("configuration {}", c.label))?;
+    }
     let faults = faults(&doc, &configs).with_context(|| format!("experiment {origin}"))?;
     let max_epns = configs.iter().map(|c| c.run.epns).min().unwrap_or(0);
     let max_flps = configs.iter().map(|c| c.run.flps).min().unwrap_or(0);
@@ -346,7 +359,7 @@ fn faults(doc: &Table, configs: &[Config]) -> anyhow::Result<Vec<crate::faults::
 }
 
 pub fn load(path: &Path) -> anyhow::Result<Experiment> {
-    load_with(path, &|_| Ok(()))
+    load_with(path, (&[], &|_| Ok(())))
 }
 
 /// `load`, with `tweak` applied as `parse_with` does.

@@ -156,16 +156,19 @@ fn effective(c: &fanin_node::RunConfig) -> String {
 /// The experiment to run: the file (or the embedded default), the `--only` rows, the
 /// command line's overrides, every configuration checked.
 fn load(a: &RunArgs) -> anyhow::Result<Experiment> {
-    let tweak = |run: &mut fanin_node::RunConfig| a.overrides.apply(run);
-    let mut exp: Experiment = match &a.file {
-        Some(p) => experiment::load_with(p, &tweak)?,
-        None => experiment::parse_with(experiment::DEFAULT, "default", &tweak)?,
+    let overrides = |run: &mut fanin_node::RunConfig| a.overrides.apply(run);
+    let tweak = (
+        &a.only[..],
+        &overrides as &dyn Fn(&mut fanin_node::RunConfig) -> _,
+    );
+    let exp: Experiment = match &a.file {
+        Some(p) => experiment::load_with(p, tweak)?,
+        None => experiment::parse_with(experiment::DEFAULT, "default", tweak)?,
     };
-    if !a.only.is_empty() {
-        exp.configs.retain(|c| a.only.contains(&c.label));
-        if exp.configs.is_empty() {
-            bail!("--only {:?}: no configuration has those labels", a.only);
-        }
+    // The testbed's placement meets the overrides too, when the testbed is used.
+    if let Some(t) = exp.testbed.as_ref().filter(|_| !a.local) {
+        t.check(&exp.configs)
+            .context("[testbed] with the command line's overrides")?;
     }
     Ok(exp)
 }

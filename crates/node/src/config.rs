@@ -214,7 +214,8 @@ impl RunConfig {
         let epn_buffer = buffer("epn_buffer", self.epn_buffer, stf_size)?;
         in_range("build_timeout_ms", self.build_timeout_ms, 1, 3_600_000, "")?;
         if let Some(d) = self.drain_timeout_ms {
-            in_range("drain_timeout_ms", d, 1, 3_600_000, "")?;
+            // The default (2 x build_timeout_ms + 2 s) may reach this too.
+            in_range("drain_timeout_ms", d, 1, 2 * 3_600_000 + 2000, "")?;
         }
         self.check_policy()?;
         self.check_membership()?;

@@ -37,8 +37,8 @@ pub(super) async fn wait_icns(
 }
 
 /// Every node leaves by itself after RunStop; give them a moment (`exit_wait`, all of
-/// them together), then insist. After an ICN that failed (`icn_ok` false: no RunStop
-/// came) they are told to stop at once, and get `FAILED_ICN_WAIT`.
+/// them together), then insist. After an ICN that failed without a summary (`icn_ok`
+/// false: no RunStop came) they are told to stop at once, and get `FAILED_ICN_WAIT`.
 pub(super) async fn reap_nodes(
     nodes: &Nodes,
     injected: &[Injected],

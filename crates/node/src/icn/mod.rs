@@ -199,7 +199,8 @@ struct Leadership {
     _lead: Option<crate::registry::Leadership>,
     /// Resolves once when the leadership is lost; None after (or without a registry).
     lost: Option<BoxFuture<()>>,
-    /// After a loss: winning the election again (the run goes on), or another ICN leads.
+    /// After a loss: winning the election again (the run goes on), or why not (another
+    /// ICN leads, or a take-over cannot be ruled out).
     reelect: Option<BoxFuture<Result<crate::registry::Leadership, String>>>,
     /// When the leadership was lost (for the outage's length).
     lost_at: Option<Instant>,
@@ -215,7 +216,8 @@ type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send
 
 /// After the leadership was lost (the session expired, or the registry was unreachable
 /// for most of the session time-out): this ICN leads again once the registry is back and
-/// no other ICN took over, and the run goes on; if another ICN leads, the run ends here.
+/// no other ICN took over, and the run goes on; if another ICN leads, or a take-over
+/// cannot be ruled out, the run ends here (the error says which).
 async fn reelect(
     r: crate::registry::ZkRegistry,
     control: String,

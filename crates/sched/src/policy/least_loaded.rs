@@ -66,7 +66,7 @@ impl LeastLoadedConfig {
     /// fault and why.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         if self.max_building == 0 {
-            let why = "0 is not within 1..=4294967295 (0 takes no TF)".into();
+            let why = "0 is not within 1..=4294967295".into();
             return Err(("least_loaded.max_building", why));
         }
         if self.headroom_percent > 10_000 {

@@ -28,14 +28,13 @@ pub struct WeightedRoundRobin {
 /// The largest weight an EPN may have.
 pub const MAX_WEIGHT: u32 = 1_000_000;
 
-/// Checks per-EPN weights as the runtime and the simulators take them: one per EPN,
-/// each 1..=`MAX_WEIGHT` (a weight 0 would never be scheduled, a huge one overflows).
-pub fn check_weights(weights: &[u32], epns: usize) -> Result<(), String> {
-    if weights.len() > epns {
-        return Err(format!(
-            "{} weights for {epns} EPNs (one per EPN)",
-            weights.len()
-        ));
+/// Checks per-EPN weights as the runtime and the simulators take them: at most
+/// `max_len` of them (one per EPN), each 1..=`MAX_WEIGHT` (`set_weight` would take a 0
+/// as 1, silently; the scores add weights up, so they are kept far from overflow).
+pub fn check_weights(weights: &[u32], max_len: usize) -> Result<(), String> {
+    if weights.len() > max_len {
+        let n = weights.len();
+        return Err(format!("{n} weights: at most {max_len}, one per EPN"));
     }
     match weights.iter().find(|&&w| w == 0 || w > MAX_WEIGHT) {
         Some(w) => Err(format!(

@@ -222,7 +222,7 @@ impl AliceConfig {
             None => StfSize::Fixed((s.flp_gbps * 1e9 / 8.0 / s.tf_rate_hz).round() as u64),
         };
         let proc = parse_proc(&self.processing)?;
-        fanin_sched::policy::check_weights(&self.epn_weights, s.epns as usize)
+        fanin_sched::policy::check_weights(&self.epn_weights, 100_000)
             .map_err(|e| format!("epn_weights: {e}"))?;
         (self.least_loaded.check()).map_err(|(field, why)| format!("{field}: {why}"))?;
         if size.max() > MAX_STF_BYTES {

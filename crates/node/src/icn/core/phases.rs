@@ -217,8 +217,8 @@ impl IcnCore {
         if self.lost_leadership {
             return;
         }
-        // Another ICN leads now and goes on with the run (it took it over): this one
-        // is fenced. It stops at once and says nothing more to anyone: no RunStop, no
+        // Another ICN leads now and goes on with the run (it took it over), or this one
+        // cannot rule that out: it is fenced. It stops at once and says nothing more to anyone: no RunStop, no
         // rows, no summary.
         self.lost_leadership = true;
         let msg = "lost leadership and did not win it back: the run ends here (another ICN goes on with it, or may)";
@@ -231,7 +231,7 @@ impl IcnCore {
             }
             Phase::Running | Phase::Draining | Phase::Stopping => {
                 self.fatal = Some(format!(
-                    "lost leadership of run {}: another ICN goes on with it (fenced: no summary here)",
+                    "lost leadership of run {} and did not win it back: another ICN goes on with it, or may (fenced: no summary here)",
                     self.cfg.run_id
                 ));
                 self.phase = Phase::Done;
