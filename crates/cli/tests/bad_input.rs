@@ -220,58 +220,6 @@ fn bad_configuration_values_name_their_field() {
         &["run", "/nonexistent/exp.toml"],
         &["/nonexistent/exp.toml"],
     );
-    // The command line's overrides meet the experiment's faults at the check.
-    let faulty = dir.path().join("faulty.toml");
-    let text = "[run]\nepns = 4\nregistry = \"zookeeper\"\n[[fault]]\nnode = \"epn 3\"\naction = \"kill\"\nat_s = 1\n[[fault]]\nnode = \"icn\"\naction = \"kill\"\nat_s = 1\n";
-    std::fs::write(&faulty, text).unwrap();
-    let faulty = faulty.to_str().unwrap();
-    one_line_error(&["run", faulty, "--epns", "1"], &["epn 3"]);
-    one_line_error(&["--check", "run", faulty, "--epns", "1"], &["epn 3"]);
-    one_line_error(&["run", faulty, "--registry", "embedded"], &["icn"]);
-    // ... but only the rows that run: --only drops the others first, and --local the
-    // testbed's placement.
-    let exp = repo_root().join("experiments/tdr-network-baseline.toml");
-    let exp = exp.to_str().unwrap();
-    let ok = |args: &[&str]| {
-        let out = fanin()
-            .args(["--check", "run", exp])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    ok(&["--only", "4", "--flp-buffer", "32KiB"]);
-    ok(&["--local", "--epns", "2"]);
-    one_line_error(&["--check", "run", exp, "--epns", "2"], &["[testbed]"]);
-    // A packet simulator's rate that is infinite (it panicked in the run).
-    let fabric = dir.path().join("fabric.toml");
-    let text = "model = \"fabric\"\nname = \"f\"\n[fabric]\nk = 4\nhosts_per_edge = 2\nrate_max_pps = inf\n[[scenario]]\nlabel = \"a\"\npattern = \"random\"\n";
-    std::fs::write(&fabric, text).unwrap();
-    one_line_error(&["sim", fabric.to_str().unwrap()], &["rate_max_pps"]);
-    // The flow model takes the policies' values as the runtime does.
-    let flow = |alice: &str| {
-        format!("model = \"flow\"\nname = \"f\"\npolicies = [\"least-loaded\"]\n[alice]\npreset = \"alice-2016\"\nduration_s = 1\n{alice}\n[[run]]\nlabel = \"a\"\n")
-    };
-    for (i, (alice, field)) in [
-        ("least_loaded = { max_building = 0 }", "max_building"),
-        (
-            "least_loaded = { headroom_percent = 4000000000 }",
-            "headroom_percent",
-        ),
-        ("flp_gbps = 1e300", "flp_gbps"),
-        ("epn_weights = [1, 0]", "epn_weights"),
-    ]
-    .iter()
-    .enumerate()
-    {
-        let p = dir.path().join(format!("flow{i}.toml"));
-        std::fs::write(&p, flow(alice)).unwrap();
-        one_line_error(&["sim", p.to_str().unwrap()], &[field]);
-    }
     one_line_error(
         &["flp", "--icn", "127.0.0.1:1", "--send-buffer", "12XB"],
         &["--send-buffer"],
@@ -357,6 +305,70 @@ fn bad_configuration_values_name_their_field() {
         &["run", "--results", "/etc/passwd/x", "--tfs", "10"],
         &["/etc/passwd/x", "Not a directory"],
     );
+}
+
+/// The command line's overrides meet an experiment's faults, sources and sinks at the
+/// check (they met them at run time), for the rows that run only.
+#[test]
+fn overrides_meet_the_experiments_tables_at_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = dir.path().join("faulty.toml");
+    let text = "[run]\nepns = 4\nregistry = \"zookeeper\"\n[[fault]]\nnode = \"epn 3\"\naction = \"kill\"\nat_s = 1\n[[fault]]\nnode = \"icn\"\naction = \"kill\"\nat_s = 1\n";
+    std::fs::write(&faulty, text).unwrap();
+    let faulty = faulty.to_str().unwrap();
+    one_line_error(&["run", faulty, "--epns", "1"], &["epn 3"]);
+    one_line_error(&["--check", "run", faulty, "--epns", "1"], &["epn 3"]);
+    one_line_error(&["run", faulty, "--registry", "embedded"], &["icn"]);
+    // ... but only the rows that run: --only drops the others first, and --local the
+    // testbed's placement.
+    let exp = repo_root().join("experiments/tdr-network-baseline.toml");
+    let exp = exp.to_str().unwrap();
+    let ok = |args: &[&str]| {
+        let out = fanin()
+            .args(["--check", "run", exp])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(&["--only", "4", "--flp-buffer", "32KiB"]);
+    ok(&["--local", "--epns", "2"]);
+    one_line_error(&["--check", "run", exp, "--epns", "2"], &["[testbed]"]);
+}
+
+/// The simulators' values name their field, as the runtime's do.
+#[test]
+fn simulator_values_name_their_field() {
+    let dir = tempfile::tempdir().unwrap();
+    // A packet simulator's rate that is infinite (it panicked in the run).
+    let fabric = dir.path().join("fabric.toml");
+    let text = "model = \"fabric\"\nname = \"f\"\n[fabric]\nk = 4\nhosts_per_edge = 2\nrate_max_pps = inf\n[[scenario]]\nlabel = \"a\"\npattern = \"random\"\n";
+    std::fs::write(&fabric, text).unwrap();
+    one_line_error(&["sim", fabric.to_str().unwrap()], &["rate_max_pps"]);
+    // The flow model takes the policies' values as the runtime does.
+    let flow = |alice: &str| {
+        format!("model = \"flow\"\nname = \"f\"\npolicies = [\"least-loaded\"]\n[alice]\npreset = \"alice-2016\"\nduration_s = 1\n{alice}\n[[run]]\nlabel = \"a\"\n")
+    };
+    for (i, (alice, field)) in [
+        ("least_loaded = { max_building = 0 }", "max_building"),
+        (
+            "least_loaded = { headroom_percent = 4000000000 }",
+            "headroom_percent",
+        ),
+        ("flp_gbps = 1e300", "flp_gbps"),
+        ("epn_weights = [1, 0]", "epn_weights"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = dir.path().join(format!("flow{i}.toml"));
+        std::fs::write(&p, flow(alice)).unwrap();
+        one_line_error(&["sim", p.to_str().unwrap()], &[field]);
+    }
 }
 
 /// An ICN that fails in the pre-run (EPN 0's sink cannot be made) fails the run at

@@ -46,7 +46,8 @@ pub(super) async fn reap_nodes(
     (exit_wait, icn_ok): (Duration, bool),
 ) {
     let mut nodes = nodes.lock().await;
-    // Nodes still running when a failed ICN ended: told to stop, how they end is no news.
+    // Nodes still running when a failed ICN ended: told to stop (their end by it is no
+    // news; one that failed by itself meanwhile still says why).
     let mut told = std::collections::BTreeSet::new();
     let wait = match icn_ok {
         true => exit_wait,
@@ -74,7 +75,7 @@ pub(super) async fn reap_nodes(
             continue;
         }
         match tokio::time::timeout_at(deadline, child.wait()).await {
-            Ok(Ok(st)) if st.success() || told.contains(name.as_str()) => {}
+            Ok(Ok(st)) if st.success() || (told.contains(name.as_str()) && by_sigterm(&st)) => {}
             Ok(Ok(st)) => {
                 let logname = name.to_lowercase().replace(' ', "-") + ".log";
                 println!(
@@ -88,6 +89,11 @@ pub(super) async fn reap_nodes(
             }
         }
     }
+}
+
+/// Ended by the SIGTERM it was sent (a node that failed by itself meanwhile says why).
+fn by_sigterm(st: &ExitStatus) -> bool {
+    std::os::unix::process::ExitStatusExt::signal(st) == Some(libc::SIGTERM)
 }
 
 /// How long nodes told to stop after a failed ICN have, together.
