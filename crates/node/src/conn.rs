@@ -175,7 +175,9 @@ pub fn keepalive(s: &TcpStream, idle: Duration) {
     }
 }
 
-/// Connects with retries until `limit` passes: lets nodes start before the ICN.
+/// Connects with retries until `limit` passes (the last try at the limit, so a caller
+/// that also counts `limit` from its start sees it used up): lets nodes start before the
+/// ICN.
 pub async fn connect_retry(
     addr: std::net::SocketAddr,
     bind_ip: Option<std::net::IpAddr>,
@@ -199,9 +201,11 @@ pub async fn connect_retry(
                 s.set_nodelay(true)?;
                 return Ok(s);
             }
-            Err(e) if tokio::time::Instant::now() + backoff < deadline => {
-                tracing::debug!("{what} {addr}: {e}; retrying in {backoff:?}");
-                tokio::time::sleep(backoff).await;
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let wait =
+                    backoff.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+                tracing::debug!("{what} {addr}: {e}; retrying in {wait:?}");
+                tokio::time::sleep(wait).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
             Err(e) => anyhow::bail!("{what} {addr}: {e} (gave up after {limit:?})"),
