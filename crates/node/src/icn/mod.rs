@@ -320,36 +320,64 @@ impl Leadership {
         Ok(l)
     }
 
-    /// The run ended: marked so in the registry (an ICN that lost the lead is fenced:
-    /// an error, and no summary).
+    /// The run ended: marked so in the registry (an ICN that another deposed is fenced:
+    /// an error, and no summary). A session lost as the run ended, before or while it
+    /// is marked, is an outage like any other: lead again first, then mark it.
     async fn end_run(&mut self) -> anyhow::Result<()> {
-        let lost_unheard =
-            self.reelect.is_none() && self._lead.as_ref().is_some_and(|l| !l.is_leader());
-        if let (true, Some(r)) = (lost_unheard, self.registry.clone()) {
-            // Lost as the run ended, before the loop heard of it: as after any loss,
-            // lead again unless another ICN took the run over.
+        if self.reelect.is_none() && self._lead.as_ref().is_some_and(|l| !l.is_leader()) {
+            self.start_reelect(); // lost before the loop heard of it
+        }
+        for _ in 0..2 {
+            if !self.lead_again().await? {
+                return Ok(()); // the registry out of reach: the summary goes unmarked
+            }
+            let (Some(c), Some(l)) = (self.claim.as_mut(), self._lead.as_ref()) else {
+                return Ok(());
+            };
+            let run = c.state.run_id;
+            match c.end(l).await {
+                Ok(()) => return Ok(()),
+                Err(run_state::NotMarked::Deposed(e)) => anyhow::bail!(
+                    "fenced: this ICN lost the lead of run {run} to another ICN, which goes on with it ({e})"
+                ),
+                Err(run_state::NotMarked::Lost(e)) => {
+                    tracing::warn!("ICN: lost the registry session marking run {run} ended ({e}); leading again first");
+                    self.start_reelect();
+                }
+            }
+        }
+        anyhow::bail!("fenced: the registry session was lost again as the run ended; this ICN writes no summary")
+    }
+
+    /// Starts winning the election again, as after any loss of the lead.
+    fn start_reelect(&mut self) {
+        if let Some(r) = self.registry.clone() {
             let version = self.claim.as_ref().map(|c| c.version);
             self.lost = None;
             self.reelect = Some(Box::pin(reelect(r, self.control.clone(), version)));
         }
-        if let Some(again) = self.reelect.take() {
-            // The run ended during a registry outage: lead again, or learn who does.
-            let wait = Duration::from_secs(10);
-            match tokio::time::timeout(wait, again).await {
-                Ok(Ok(lead)) => self._lead = Some(lead),
-                Ok(Err(why)) => {
-                    anyhow::bail!("fenced: {why}; this one writes no summary")
-                }
-                Err(_) => {
-                    // Nobody could be elected without the registry either.
-                    tracing::warn!("ICN: the registry is still out of reach at the run's end; writing the summary");
-                    return Ok(());
-                }
+    }
+
+    /// Waits (10 s at most) for a re-election under way: true when this ICN leads (or
+    /// none was under way), false when the registry stays out of reach; an error when
+    /// another ICN leads or a take-over cannot be ruled out.
+    async fn lead_again(&mut self) -> anyhow::Result<bool> {
+        let Some(again) = self.reelect.take() else {
+            return Ok(true);
+        };
+        match tokio::time::timeout(Duration::from_secs(10), again).await {
+            Ok(Ok(lead)) => {
+                self._lead = Some(lead);
+                Ok(true)
             }
-        }
-        match (self.claim.as_mut(), self._lead.as_ref()) {
-            (Some(c), Some(l)) => c.end(l).await,
-            _ => Ok(()),
+            Ok(Err(why)) => anyhow::bail!("fenced: {why}; this one writes no summary"),
+            Err(_) => {
+                // Nobody could be elected without the registry either.
+                tracing::warn!(
+                    "ICN: the registry is still out of reach at the run's end; writing the summary"
+                );
+                Ok(false)
+            }
         }
     }
 

@@ -208,23 +208,32 @@ async fn take_over(
     })
 }
 
+/// Why a run's end could not be marked in the registry.
+pub enum NotMarked {
+    /// Another ICN wrote the state: it goes on with the run, this one is fenced.
+    Deposed(String),
+    /// This ICN's session ended (an outage): it may lead again, then mark the end.
+    Lost(String),
+}
+
 impl Claim {
-    /// The run ended here: marked so through the leader's session. An ICN that lost
-    /// the lead cannot, and must write no summary (another ICN goes on with the run).
-    pub async fn end(&mut self, lead: &Leadership) -> anyhow::Result<()> {
+    /// The run ended here: marked so through the leader's session. An ICN deposed by
+    /// another cannot, and must write no summary (the other goes on with the run).
+    pub async fn end(&mut self, lead: &Leadership) -> Result<(), NotMarked> {
         let ended = RunState {
             ended: true,
             ..self.state.clone()
         };
-        match lead.set_run_state(&ended.encode(), Some(self.version)).await {
+        match lead
+            .set_run_state(&ended.encode(), Some(self.version))
+            .await
+        {
             Ok(v) => {
                 (self.state, self.version) = (ended, v);
                 Ok(())
             }
-            Err(e) if !lead.is_leader() || deposed(&e) => anyhow::bail!(
-                "fenced: this ICN lost the lead of run {} to another ICN, which goes on with it ({e})",
-                self.state.run_id
-            ),
+            Err(e) if deposed(&e) => Err(NotMarked::Deposed(e.to_string())),
+            Err(e) if !lead.is_leader() || session_over(&e) => Err(NotMarked::Lost(e.to_string())),
             Err(e) => {
                 // Still the leader, the registry out of reach: the summary is written.
                 tracing::warn!("ICN: could not mark run {} ended: {e}", self.state.run_id);
@@ -264,13 +273,25 @@ pub async fn ended(reg: &crate::registry::ZkRegistry, run_id: u64) -> bool {
         .is_some_and(|s| s.run_id == run_id && s.ended)
 }
 
-/// An answer that says another ICN wrote the state, or this session is over.
+/// An answer that says another ICN wrote the state.
 fn deposed(e: &crate::registry::RegistryError) -> bool {
     use zookeeper_client::Error as Zk;
     matches!(
         e,
         crate::registry::RegistryError::Zk {
-            source: Zk::BadVersion | Zk::NoNode | Zk::SessionExpired,
+            source: Zk::BadVersion | Zk::NoNode,
+            ..
+        }
+    )
+}
+
+/// An answer that says this ICN's session is over (not that another ICN leads).
+fn session_over(e: &crate::registry::RegistryError) -> bool {
+    use zookeeper_client::Error as Zk;
+    matches!(
+        e,
+        crate::registry::RegistryError::Zk {
+            source: Zk::SessionExpired | Zk::SessionMoved | Zk::ClientClosed,
             ..
         }
     )
