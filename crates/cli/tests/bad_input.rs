@@ -220,6 +220,11 @@ fn bad_configuration_values_name_their_field() {
         &["run", "/nonexistent/exp.toml"],
         &["/nonexistent/exp.toml"],
     );
+}
+
+/// Node and ICN flags name themselves in their one-line errors.
+#[test]
+fn bad_flags_name_themselves() {
     one_line_error(
         &["flp", "--icn", "127.0.0.1:1", "--send-buffer", "12XB"],
         &["--send-buffer"],
@@ -286,6 +291,11 @@ fn bad_configuration_values_name_their_field() {
     one_line_error(&huge, &["--run-id", "too large"]);
     one_line_error(&["inspect", "/etc/passwd"], &["not a fanin TF file"]);
     one_line_error(&["trigger", "--epn", "127.0.0.1:1"], &["127.0.0.1:1"]);
+}
+
+/// The lab's commands check their flags and directories before anything runs.
+#[test]
+fn lab_commands_check_before_running() {
     one_line_error(
         &[
             "chaos",

@@ -421,7 +421,16 @@ fn a_standby_takes_nothing_over_from_a_run_whose_summary_is_written() {
             .arg(&results)
             .stderr(std::fs::File::create(&log).unwrap()),
     );
-    still_waiting(&mut standby, &log); // for the leadership
+    // It must have seen the leader (a standby), or it would start a run of its own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("standby; the ICN at")
+    {
+        assert!(std::time::Instant::now() < deadline, "never stood by");
+        assert!(standby.is_running(), "the standby ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     drop(lead);
     drop(rt);
     let st = standby.wait(60);

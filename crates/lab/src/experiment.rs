@@ -146,7 +146,12 @@ const TOP_KEYS: [&str; 11] = [
 type RawConfig = (Option<String>, Table, Published);
 
 pub fn parse(text: &str, origin: &str) -> anyhow::Result<Experiment> {
-    parse_with(text, origin, (&[], &|_| Ok(())))
+    let exp = parse_with(text, origin, (&[], &|_| Ok(())))?;
+    if let Some(t) = &exp.testbed {
+        t.check(&exp.configs)
+            .with_context(|| format!("experiment {origin}"))?;
+    }
+    Ok(exp)
 }
 
 /// The command line's say over an experiment: the configurations it keeps (`--only`
@@ -159,8 +164,8 @@ pub type Tweak<'a> = (
 /// `parse`, keeping the `--only` rows and applying the overrides to them before the
 /// experiment's `[[fault]]`, `[[source]]` and `[[sink]]` are checked against them: a
 /// `--epns 1` must meet a fault on EPN 3 at the check, not at run time. The `[testbed]`
-/// placement is checked against the file's values (`--local` runs without it; the
-/// caller checks it again when the testbed is used).
+/// placement is the caller's to check, when the testbed is used (`--local` runs
+/// without it).
 pub fn parse_with(text: &str, origin: &str, (only, tweak): Tweak) -> anyhow::Result<Experiment> {
     let doc: Table = from_toml(text).with_context(|| format!("experiment {origin}"))?;
     check_keys(&doc).with_context(|| format!("experiment {origin}"))?;
@@ -184,8 +189,6 @@ pub fn parse_with(text: &str, origin: &str, (only, tweak): Tweak) -> anyhow::Res
                 .try_into()
                 .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", e.message().trim()))
                 .with_context(|| format!("experiment {origin}: [testbed]"))?;
-            p.check(&configs)
-                .with_context(|| format!("experiment {origin}"))?;
             Some(p)
         }
     };
@@ -359,7 +362,9 @@ fn faults(doc: &Table, configs: &[Config]) -> anyhow::Result<Vec<crate::faults::
 }
 
 pub fn load(path: &Path) -> anyhow::Result<Experiment> {
-    load_with(path, (&[], &|_| Ok(())))
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading experiment {}", path.display()))?;
+    parse(&text, &path.display().to_string())
 }
 
 /// `load`, with `tweak` applied as `parse_with` does.

@@ -153,7 +153,9 @@ pub fn spawn_writer(
 /// kernel, even when stopped or busy. Probes go out only while nothing sent waits for
 /// its acknowledgement: a node's heartbeats (every 100 ms) keep its end busy during a
 /// run, and the ICN's end waits at least the run's lease (`keepalive_idle`), so a
-/// partition the lease rides through is never cut by keepalive.
+/// partition the lease rides through is never cut by keepalive. The EPN's end of a data
+/// connection waits `KEEPALIVE_IDLE` whatever the lease (it does not know it), so a
+/// partition over about 11 s cuts an idle one (docs/reliability.md).
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
 pub const KEEPALIVE_PROBES: u32 = 3;
@@ -196,7 +198,10 @@ pub async fn connect_retry(
             sock.bind(std::net::SocketAddr::new(ip, 0))
                 .map_err(|e| anyhow::anyhow!("{what}: cannot bind local address {ip}: {e}"))?;
         }
-        match sock.connect(addr).await {
+        // A peer that drops SYNs would hold one attempt for minutes: the limit bounds it.
+        let attempt = tokio::time::timeout_at(deadline, sock.connect(addr)).await;
+        let attempt = attempt.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+        match attempt {
             Ok(s) => {
                 s.set_nodelay(true)?;
                 return Ok(s);

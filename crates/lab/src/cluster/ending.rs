@@ -37,19 +37,19 @@ pub(super) async fn wait_icns(
 }
 
 /// Every node leaves by itself after RunStop; give them a moment (`exit_wait`, all of
-/// them together), then insist. After an ICN that failed without a summary (`icn_ok`
+/// them together), then insist. After an ICN that failed without a summary (`ended`
 /// false: no RunStop came) they are told to stop at once, and get `FAILED_ICN_WAIT`.
 pub(super) async fn reap_nodes(
     nodes: &Nodes,
     injected: &[Injected],
     (prefix, dir): (&str, &Path),
-    (exit_wait, icn_ok): (Duration, bool),
+    (exit_wait, ended): (Duration, bool),
 ) {
     let mut nodes = nodes.lock().await;
     // Nodes still running when a failed ICN ended: told to stop (their end by it is no
     // news; one that failed by itself meanwhile still says why).
     let mut told = std::collections::BTreeSet::new();
-    let wait = match icn_ok {
+    let wait = match ended {
         true => exit_wait,
         false => {
             for n in nodes.iter_mut().filter(|n| n.name != "ICN") {

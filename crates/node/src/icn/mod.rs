@@ -164,8 +164,8 @@ fn start_acceptor(
     acceptor(&opts.secret, (places, idle), listener, events, metrics)
 }
 
-/// The acceptor task for at most `max_members` registered connections at once, their
-/// keepalive following `idle`.
+/// The acceptor task for `places` (registered connections at most, and the nodes the
+/// handshake pool expects), their keepalive following `idle`.
 fn acceptor(
     secret: &crate::auth::Secret,
     (places, idle): (

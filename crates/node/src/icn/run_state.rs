@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::core::Takeover;
-use super::summary::TfCsv;
+use super::summary::{Summary, TfCsv};
 use crate::registry::Leadership;
 
 /// The run as the state znode holds it (`key=value` lines).
@@ -71,7 +71,8 @@ pub const RUN_START_FILE: &str = "run_start_us";
 /// Elected: takes over the run the state znode names if it is still going and its rows
 /// are in this ICN's results directory, else claims a new one (`fresh`: its id and
 /// first TF id). A standby (`waited`: another ICN led when it started) whose run ended
-/// meanwhile has nothing to take over, and must not touch its results.
+/// meanwhile has nothing to take over, and must not touch its results. A going run whose
+/// summary is in its results directory ended there, and is marked so first.
 pub async fn claim(
     lead: &Leadership,
     results: Option<&Path>,
@@ -110,7 +111,7 @@ pub async fn claim(
     let csv = match &results {
         Some(d) => {
             // An earlier run's summary too: a later standby takes it for this run's end.
-            for f in [RUN_START_FILE, "summary.json", "summary.csv"] {
+            for f in [RUN_START_FILE, Summary::JSON_FILE, Summary::CSV_FILE] {
                 let _ = std::fs::remove_file(d.join(f));
             }
             Some(TfCsv::create(d)?)
@@ -151,13 +152,14 @@ async fn end_if_summarized(
         s.run_id,
         s.results
     );
+    debug_assert!(!s.ended, "only a going run is marked ended here");
     s.ended = true;
     Ok(Some(lead.set_run_state(&s.encode(), version).await?))
 }
 
 /// Whether `dir` holds the summary of run `run_id`: the run ended there.
 fn summary_names(dir: &Path, run_id: u64) -> bool {
-    let Ok(text) = std::fs::read_to_string(dir.join("summary.json")) else {
+    let Ok(text) = std::fs::read_to_string(dir.join(Summary::JSON_FILE)) else {
         return false;
     };
     let json: Option<serde_json::Value> = serde_json::from_str(&text).ok();

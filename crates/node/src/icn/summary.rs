@@ -332,6 +332,10 @@ impl Summary {
         )
     }
 
+    /// The summary's files in a results directory.
+    pub const JSON_FILE: &'static str = "summary.json";
+    pub const CSV_FILE: &'static str = "summary.csv";
+
     /// `summary.json` and `summary.csv` in `dir`, each written whole or not at all (a
     /// temporary file renamed into place); `run` becomes the directory's name.
     pub fn write(&mut self, dir: &Path) -> anyhow::Result<()> {
@@ -340,9 +344,9 @@ impl Summary {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let json = serde_json::to_string_pretty(self)? + "\n";
-        write_atomic(&dir.join("summary.json"), &json)?;
+        write_atomic(&dir.join(Self::JSON_FILE), &json)?;
         let csv = format!("{}\n{}\n", Self::CSV_HEADER, self.csv_row());
-        write_atomic(&dir.join("summary.csv"), &csv)
+        write_atomic(&dir.join(Self::CSV_FILE), &csv)
     }
 }
 

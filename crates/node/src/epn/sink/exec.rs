@@ -16,7 +16,8 @@ use super::{Sink, SinkCtx, SinkError, TfView};
 /// What an EPN does when its processing command dies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OnFailure {
-    /// Start it again (at most `MAX_RESTARTS` times without a TF taken in between).
+    /// Start it again (at most `MAX_RESTARTS` times without a TF taken in between, and
+    /// fewer than `MAX_RESTARTS` failures of its filtered output in the run).
     #[default]
     Restart,
     /// Leave the run: the ICN moves this EPN's TFs elsewhere (with `reassign`).
@@ -34,7 +35,8 @@ impl std::str::FromStr for OnFailure {
     }
 }
 
-/// Restarts in a row, without one TF taken, before the EPN gives up and leaves.
+/// Restarts in a row, without one TF taken, before the EPN gives up and leaves; the
+/// `MAX_RESTARTS`-th failure of the filtered output in a run makes it leave too.
 pub const MAX_RESTARTS: u32 = 5;
 
 pub struct ExecSink {
@@ -294,9 +296,9 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(6), "{:?}", t0.elapsed());
     }
 
-    /// A command whose filtered output keeps failing (a full disk) is restarted at most
-    /// `MAX_RESTARTS` times in the run, however many TFs each one took: then the EPN
-    /// leaves, instead of failing every other TF for as long as the disk stays full.
+    /// A command whose filtered output keeps failing (a full disk) makes the EPN leave at
+    /// its `MAX_RESTARTS`-th failure in the run, however many TFs each one took, instead
+    /// of failing every other TF for as long as the disk stays full.
     #[test]
     fn filtered_output_failures_count_for_the_whole_run() {
         let ctx = SinkCtx::for_tests(0);

@@ -144,11 +144,12 @@ impl TfFiles {
 
     /// Closes the current file once it is `rotate_s` old, TFs or not: a pause in the
     /// run leaves no file open (and, with `fsync=rotate`, unsynced) for its length.
-    pub fn close_if_old(&mut self) -> std::io::Result<()> {
+    pub fn close_if_old(&mut self, now: Instant) -> std::io::Result<()> {
         let since = self.cur.as_ref().map(|c| c.since);
+        let age = |t: Instant| now.saturating_duration_since(t);
         let old = since
             .zip(self.opts.rotate_s)
-            .is_some_and(|(t, s)| t.elapsed() >= s);
+            .is_some_and(|(t, s)| age(t) >= s);
         match old {
             true => self.close(),
             false => Ok(()),
@@ -213,7 +214,7 @@ impl Sink for FileSink {
     }
 
     fn idle(&mut self) {
-        if let Err(e) = self.files.close_if_old() {
+        if let Err(e) = self.files.close_if_old(Instant::now()) {
             let _ = self.files.cur.take(); // the next TF starts a new file
             let dir = self.files.dir().display();
             tracing::error!(
@@ -318,10 +319,14 @@ mod tests {
         let mut s = FileSink::open(FileOpts::parse(&spec).unwrap(), &ctx).unwrap();
         let stfs = vec![(0, vec![7u8; 100])];
         s.accept(&tf_of(&stfs, 0)).unwrap();
-        s.idle();
+        let opened = s.files.cur.as_ref().unwrap().since;
+        s.files
+            .close_if_old(opened + Duration::from_millis(400))
+            .unwrap();
         assert!(s.files.cur.is_some(), "young: still open");
-        std::thread::sleep(Duration::from_millis(600));
-        s.idle();
+        s.files
+            .close_if_old(opened + Duration::from_millis(600))
+            .unwrap();
         assert!(s.files.cur.is_none(), "aged: closed without a TF");
         s.accept(&tf_of(&stfs, 1)).unwrap();
         s.finish().unwrap();

@@ -132,6 +132,11 @@ pub struct TfView<'a> {
 
 impl<'a> TfView<'a> {
     pub fn new(run_id: u64, epn: EpnId, tf: TfId, stfs: &'a [(FlpId, Vec<u8>)]) -> Self {
+        // Records hold STFs in FLP order, each FLP once: readers refuse anything else.
+        debug_assert!(
+            stfs.windows(2).all(|w| w[0].0 < w[1].0),
+            "STFs in FLP order"
+        );
         use fanin_proto::tf_record::{StfRecordHeader, TfHeader, STF_RECORD_HEADER_LEN};
         let len = TF_HEADER_LEN + stfs.len() * STF_RECORD_HEADER_LEN;
         let mut heads = Vec::with_capacity(len);
@@ -210,7 +215,7 @@ impl SinkError {
 pub trait Sink: Send {
     /// Takes one TF; Ok once it holds or passed on everything it needs of it.
     fn accept(&mut self, tf: &TfView) -> Result<(), SinkError>;
-    /// Time passed without a TF (the burst saver closes its files).
+    /// Time passed without a TF (the burst saver and the file sink close their files).
     fn idle(&mut self) {}
     /// Run end: flush, close, wait for children.
     fn finish(&mut self) -> anyhow::Result<()> {

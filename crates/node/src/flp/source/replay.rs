@@ -286,6 +286,21 @@ mod tests {
         bytes
     }
 
+    /// FLP 0's replay of `dir`, to its end: the TF ids produced, and its end line or its
+    /// error.
+    async fn drain(dir: &Path) -> (Vec<u64>, Result<String, String>) {
+        let mut r = Replay::open(dir, 0, None, "FLP 0: source replay".into()).unwrap();
+        let mut got = Vec::new();
+        loop {
+            match r.next(1 << 20).await {
+                Ok(Event::Stf(p)) => got.push(p.info.tf_id),
+                Ok(Event::Ended(what)) => return (got, Ok(what)),
+                Ok(Event::Held(_)) => panic!("room for every STF"),
+                Err(e) => return (got, Err(e.0)),
+            }
+        }
+    }
+
     /// Files from an EPN killed as it wrote: one ends in a cut-off record, one before its
     /// header. The whole records are replayed, and the end says how many files were cut.
     #[tokio::test]
@@ -295,15 +310,8 @@ mod tests {
         bytes.truncate(bytes.len() - 300); // TF 3 cut off
         std::fs::write(dir.path().join("epn0-000000.fanin"), bytes).unwrap();
         std::fs::write(dir.path().join("epn1-000000.fanin"), b"FAN").unwrap();
-        let mut r = Replay::open(dir.path(), 0, None, "FLP 0: source replay".into()).unwrap();
-        let mut got = Vec::new();
-        let end = loop {
-            match r.next(1 << 20).await.unwrap() {
-                Event::Stf(p) => got.push(p.info.tf_id),
-                Event::Ended(what) => break what,
-                Event::Held(_) => panic!("room for every STF"),
-            }
-        };
+        let (got, end) = drain(dir.path()).await;
+        let end = end.unwrap();
         assert_eq!(got, [1, 2]);
         assert!(end.contains("2 files cut short"), "{end}");
     }
@@ -325,14 +333,9 @@ mod tests {
             }
             std::fs::write(dir.path().join(format!("epn0-{seq:06}.fanin")), bytes).unwrap();
         }
-        let mut r = Replay::open(dir.path(), 0, None, "FLP 0: source replay".into()).unwrap();
-        let err = loop {
-            match r.next(1 << 20).await {
-                Ok(Event::Stf(p)) => assert!(p.info.tf_id < 2, "{}", p.info.tf_id),
-                Ok(_) => panic!("the replay went on without an error"),
-                Err(e) => break e.0,
-            }
-        };
+        let (got, end) = drain(dir.path()).await;
+        assert!(got.iter().all(|tf| *tf < 2), "{got:?}");
+        let err = end.unwrap_err();
         assert!(err.contains("run_id 2 differs from run 1"), "{err}");
         assert!(
             err.contains("epn0-000001.fanin") && err.contains("epn0-000000.fanin"),
@@ -351,14 +354,7 @@ mod tests {
         let at = 16 + record + 32 + 24 + 500 + 8 + 3;
         bytes[at] ^= 1;
         std::fs::write(dir.path().join("epn0-000000.fanin"), bytes).unwrap();
-        let mut r = Replay::open(dir.path(), 0, None, "FLP 0: source replay".into()).unwrap();
-        let err = loop {
-            match r.next(1 << 20).await {
-                Ok(Event::Stf(_)) => {}
-                Ok(_) => panic!("the replay ended without an error"),
-                Err(e) => break e.0,
-            }
-        };
+        let err = drain(dir.path()).await.1.unwrap_err();
         assert!(
             err.contains("epn0-000000.fanin") && err.contains("stf header crc"),
             "{err}"

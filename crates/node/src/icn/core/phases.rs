@@ -218,8 +218,8 @@ impl IcnCore {
             return;
         }
         // Another ICN leads now and goes on with the run (it took it over), or this one
-        // cannot rule that out: it is fenced. It stops at once and says nothing more to anyone: no RunStop, no
-        // rows, no summary.
+        // cannot rule that out: it is fenced. It stops at once and says nothing more to
+        // anyone: no RunStop, no rows, no summary.
         self.lost_leadership = true;
         let msg = "lost leadership and did not win it back: the run ends here (another ICN goes on with it, or may)";
         self.log(Level::Warn, msg.into());
