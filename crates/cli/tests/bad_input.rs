@@ -148,6 +148,13 @@ fn garbage_peers_are_refused_and_the_run_goes_on() {
     }
 }
 
+/// Writes `text` to `dir/name`; its path.
+fn write_in(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
 fn one_line_error(args: &[&str], must_contain: &[&str]) {
     let out = fanin().args(args).output().unwrap();
     assert!(!out.status.success(), "{args:?} should fail");
@@ -212,9 +219,8 @@ fn bad_configuration_values_name_their_field() {
         ),
     ];
     for (i, (text, field)) in bad.iter().enumerate() {
-        let p = dir.path().join(format!("bad{i}.toml"));
-        std::fs::write(&p, text).unwrap();
-        one_line_error(&["run", p.to_str().unwrap()], &[field]);
+        let p = write_in(dir.path(), &format!("bad{i}.toml"), text);
+        one_line_error(&["run", &p], &[field]);
     }
     one_line_error(
         &["run", "/nonexistent/exp.toml"],
@@ -322,10 +328,8 @@ fn lab_commands_check_before_running() {
 #[test]
 fn overrides_meet_the_experiments_tables_at_the_check() {
     let dir = tempfile::tempdir().unwrap();
-    let faulty = dir.path().join("faulty.toml");
     let text = "[run]\nepns = 4\nregistry = \"zookeeper\"\n[[fault]]\nnode = \"epn 3\"\naction = \"kill\"\nat_s = 1\n[[fault]]\nnode = \"icn\"\naction = \"kill\"\nat_s = 1\n";
-    std::fs::write(&faulty, text).unwrap();
-    let faulty = faulty.to_str().unwrap();
+    let faulty = &write_in(dir.path(), "faulty.toml", text);
     one_line_error(&["run", faulty, "--epns", "1"], &["epn 3"]);
     one_line_error(&["--check", "run", faulty, "--epns", "1"], &["epn 3"]);
     one_line_error(&["run", faulty, "--registry", "embedded"], &["icn"]);
@@ -355,10 +359,9 @@ fn overrides_meet_the_experiments_tables_at_the_check() {
 fn simulator_values_name_their_field() {
     let dir = tempfile::tempdir().unwrap();
     // A packet simulator's rate that is infinite (it panicked in the run).
-    let fabric = dir.path().join("fabric.toml");
     let text = "model = \"fabric\"\nname = \"f\"\n[fabric]\nk = 4\nhosts_per_edge = 2\nrate_max_pps = inf\n[[scenario]]\nlabel = \"a\"\npattern = \"random\"\n";
-    std::fs::write(&fabric, text).unwrap();
-    one_line_error(&["sim", fabric.to_str().unwrap()], &["rate_max_pps"]);
+    let fabric = write_in(dir.path(), "fabric.toml", text);
+    one_line_error(&["sim", &fabric], &["rate_max_pps"]);
     // The flow model takes the policies' values as the runtime does.
     let flow = |alice: &str| {
         format!("model = \"flow\"\nname = \"f\"\npolicies = [\"least-loaded\"]\n[alice]\npreset = \"alice-2016\"\nduration_s = 1\n{alice}\n[[run]]\nlabel = \"a\"\n")
@@ -375,9 +378,8 @@ fn simulator_values_name_their_field() {
     .iter()
     .enumerate()
     {
-        let p = dir.path().join(format!("flow{i}.toml"));
-        std::fs::write(&p, flow(alice)).unwrap();
-        one_line_error(&["sim", p.to_str().unwrap()], &[field]);
+        let p = write_in(dir.path(), &format!("flow{i}.toml"), &flow(alice));
+        one_line_error(&["sim", &p], &[field]);
     }
 }
 
@@ -387,17 +389,11 @@ fn simulator_values_name_their_field() {
 #[test]
 fn an_icn_failing_before_the_run_ends_every_node_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let exp = dir.path().join("sinkfail.toml");
     let text = "[run]\nflps = 2\nepns = 3\nrate_hz = 100\ntfs = 100\nprerun_timeout_s = 2\n[[sink]]\nspec = \"file:/etc/passwd/tfs\"\nepns = [0]\n";
-    std::fs::write(&exp, text).unwrap();
+    let exp = write_in(dir.path(), "sinkfail.toml", text);
     let results = dir.path().join("results");
     let out = fanin()
-        .args([
-            "run",
-            exp.to_str().unwrap(),
-            "--results",
-            results.to_str().unwrap(),
-        ])
+        .args(["run", &exp, "--results", results.to_str().unwrap()])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -318,7 +318,8 @@ fn cross_matrix(doc: &Table, mut rows: Vec<RawConfig>) -> anyhow::Result<Vec<Raw
     Ok(rows)
 }
 
-/// Each row as a checked `RunConfig`; labels must be unique (they name directories).
+/// Each row as a `RunConfig` (checked once the command line had its say, in
+/// `parse_with`); labels must be unique (they name directories).
 fn typed(rows: Vec<RawConfig>) -> anyhow::Result<Vec<Config>> {
     let mut configs: Vec<Config> = Vec::new();
     for (i, (label, t, publ)) in rows.into_iter().enumerate() {
@@ -328,8 +329,6 @@ fn typed(rows: Vec<RawConfig>) -> anyhow::Result<Vec<Config>> {
         }
         let run: RunConfig = Value::Table(t)
             .try_into()
-            .with_context(|| format!("configuration {label}"))?;
-        run.check()
             .with_context(|| format!("configuration {label}"))?;
         configs.push(Config {
             label,

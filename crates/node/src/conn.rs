@@ -177,6 +177,17 @@ pub fn keepalive(s: &TcpStream, idle: Duration) {
     }
 }
 
+/// A local address given to bind to (`flag` names it), checked to be one of this host's:
+/// a connection bound to another fails at every attempt, which would be retried as if
+/// the ICN were away.
+pub fn check_local_ip(flag: &str, ip: Option<std::net::IpAddr>) -> anyhow::Result<()> {
+    if let Some(ip) = ip {
+        std::net::TcpListener::bind((ip, 0))
+            .map_err(|e| anyhow::anyhow!("{flag} {ip}: not an address of this host ({e})"))?;
+    }
+    Ok(())
+}
+
 /// Connects with retries until `limit` passes (the last try at the limit, so a caller
 /// that also counts `limit` from its start sees it used up): lets nodes start before the
 /// ICN.

@@ -81,14 +81,18 @@ where
     }
 }
 
-/// What an FLP or EPN sets up once, before its first incarnation: its metrics (served
-/// at `metrics_bind`) and its registry session, if any.
+/// What an FLP or EPN sets up once, before its first incarnation: its local addresses
+/// checked (`binds`: flag and address), its metrics (served at `metrics_bind`) and its
+/// registry session, if any.
 pub async fn node_setup(
     role: Role,
-    id: Option<u32>,
+    (id, binds): (Option<u32>, &[(&str, Option<std::net::IpAddr>)]),
     metrics_bind: Option<SocketAddr>,
     registry: Option<&crate::registry::runtime::RegistryOpts>,
 ) -> anyhow::Result<(std::sync::Arc<Metrics>, Option<crate::registry::ZkRegistry>)> {
+    for (flag, ip) in binds {
+        crate::conn::check_local_ip(flag, *ip)?;
+    }
     let name = role.name();
     let metrics = Metrics::new(&name.to_lowercase(), id);
     if let Some(b) = metrics_bind {

@@ -53,23 +53,29 @@ pub fn encode_file_header(epn_id: u32) -> [u8; FILE_HEADER_LEN] {
     b
 }
 
+/// A field whose value is not one this format allows.
+fn invalid(field: &'static str, value: u64) -> DecodeError {
+    DecodeError::InvalidValue { field, value }
+}
+
+/// A stored CRC32C (`field`) checked against the bytes it covers.
+fn check_crc(field: &'static str, stored: u32, covered: &[u8]) -> Result<(), DecodeError> {
+    match stored == crc32c::crc32c(covered) {
+        true => Ok(()),
+        false => Err(invalid(field, stored as u64)),
+    }
+}
+
 /// The EPN id a file header names.
 pub fn decode_file_header(b: &[u8]) -> Result<u32, DecodeError> {
     let mut r = Reader::new(b);
     let magic: [u8; 8] = r.array("file magic")?;
     if magic != FILE_MAGIC {
-        let value = u64::from_le_bytes(magic);
-        return Err(DecodeError::InvalidValue {
-            field: "file magic",
-            value,
-        });
+        return Err(invalid("file magic", u64::from_le_bytes(magic)));
     }
     match r.u32("file version")? {
         1 => r.u32("file epn_id"),
-        v => Err(DecodeError::InvalidValue {
-            field: "file version",
-            value: v as u64,
-        }),
+        v => Err(invalid("file version", v as u64)),
     }
 }
 
@@ -96,19 +102,11 @@ impl TfHeader {
         let mut r = Reader::new(b);
         let magic = r.u32("tf magic")?;
         if magic != TF_MAGIC {
-            let value = magic as u64;
-            return Err(DecodeError::InvalidValue {
-                field: "tf magic",
-                value,
-            });
+            return Err(invalid("tf magic", magic as u64));
         }
         let version = r.u16("tf version")?;
         if !(1..=TF_RECORD_VERSION).contains(&version) {
-            let value = version as u64;
-            return Err(DecodeError::InvalidValue {
-                field: "tf version",
-                value,
-            });
+            return Err(invalid("tf version", version as u64));
         }
         let flags = r.u16("tf flags")?;
         if flags != 0 {
@@ -119,20 +117,9 @@ impl TfHeader {
             tf_id: r.u64("tf tf_id")?,
             stfs: r.u32("tf stfs")?,
         };
-        let crc = r.u32("tf header crc")?;
-        if crc != crc32c::crc32c(&b[..28]) {
-            let value = crc as u64;
-            return Err(DecodeError::InvalidValue {
-                field: "tf header crc",
-                value,
-            });
-        }
+        check_crc("tf header crc", r.u32("tf header crc")?, &b[..28])?;
         if h.stfs > MAX_RECORD_STFS {
-            let value = h.stfs as u64;
-            return Err(DecodeError::InvalidValue {
-                field: "tf stfs",
-                value,
-            });
+            return Err(invalid("tf stfs", h.stfs as u64));
         }
         Ok((h, version))
     }
@@ -163,20 +150,10 @@ impl StfRecordHeader {
     pub fn decode(b: &[u8]) -> Result<StfRecordHeader, DecodeError> {
         let h = Self::decode_v1(b)?;
         let mut r = Reader::new(b.get(16..).unwrap_or_default());
-        let crc = r.u32("stf header crc")?;
-        if crc != crc32c::crc32c(&b[..16]) {
-            let value = crc as u64;
-            return Err(DecodeError::InvalidValue {
-                field: "stf header crc",
-                value,
-            });
-        }
+        check_crc("stf header crc", r.u32("stf header crc")?, &b[..16])?;
         match r.u32("stf reserved")? {
             0 => Ok(h),
-            v => Err(DecodeError::InvalidValue {
-                field: "stf reserved",
-                value: v as u64,
-            }),
+            v => Err(invalid("stf reserved", v as u64)),
         }
     }
 
@@ -277,9 +254,8 @@ impl<R: Read> RecordReader<R> {
             };
             // STFs come in FLP order, each FLP once: a repeated or reordered id is damage.
             if rec.stfs.last().is_some_and(|(p, _)| p.flp_id >= s.flp_id) {
-                let value = s.flp_id as u64;
                 let field = "stf flp_id (not after the previous STF's)";
-                return Err(DecodeError::InvalidValue { field, value }.into());
+                return Err(invalid(field, s.flp_id as u64).into());
             }
             let wanted = self.only_flp.is_none_or(|f| f == s.flp_id);
             let ok = self.payload(s, wanted, &mut rec.payloads)?;

@@ -80,7 +80,7 @@ pub async fn run_on(
     let status = ending::wait_icns(&nodes, standby.as_mut().map(|s| &mut s.0), took_over).await?;
     // The run ended (RunStop went out) when the ICN wrote its summary, even if it exits
     // with an error after it (a broken invariant): its nodes may still be finishing.
-    let ended = status.success() || dir.join("summary.json").exists();
+    let ended = status.success() || dir.join(Summary::JSON_FILE).exists();
     let exit_wait = (node_plan.epn_exit_wait(), ended);
     ending::reap_nodes(&nodes, &injected, (prefix, dir), exit_wait).await;
     ending::summary(dir, status, &injected, watch.takeover)

@@ -79,7 +79,7 @@ pub const SINK_STOP_TIMEOUT_S: f64 = 60.0;
 pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
     let (metrics, reg) = node_setup(
         Role::Epn,
-        opts.id,
+        (opts.id, &[("--control-bind", opts.control_bind)]),
         opts.metrics_bind,
         opts.registry.as_ref(),
     )

@@ -98,9 +98,13 @@ const TAKE_BYTES: u64 = 8 << 20;
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id.
 pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
+    let binds = [
+        ("--control-bind", opts.control_bind),
+        ("--data-bind", opts.data_bind),
+    ];
     let (metrics, reg) = node_setup(
         Role::Flp,
-        opts.id,
+        (opts.id, &binds),
         opts.metrics_bind,
         opts.registry.as_ref(),
     )

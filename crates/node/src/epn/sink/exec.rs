@@ -60,8 +60,6 @@ struct Running {
     stdin: Option<ChildStdin>,
     /// Copies its stdout to the filtered output; ends with the error that stopped it.
     forward: Option<std::thread::JoinHandle<Result<(), String>>>,
-    /// Set by `stop`: the filtered output failed.
-    output_failed: bool,
 }
 
 impl ExecSink {
@@ -114,7 +112,6 @@ impl ExecSink {
             child,
             stdin,
             forward,
-            output_failed: false,
         })
     }
 
@@ -173,21 +170,21 @@ impl ExecSink {
         let Some(mut p) = self.proc.take() else {
             return "was not running".into();
         };
-        let how = p.stop(grace);
-        self.output_failures += u32::from(p.output_failed);
+        let (how, output_failed) = p.stop(grace);
+        self.output_failures += u32::from(output_failed);
         how
     }
 }
 
 impl Running {
     fn kill_group(&self) {
-        // SAFETY: killpg on the process group this command leads (set at spawn).
-        unsafe { libc::killpg(self.child.id() as libc::pid_t, libc::SIGKILL) };
+        kill_group(self.child.id() as libc::pid_t);
     }
 
     /// Closes its stdin, waits up to `grace` for it to end (then kills it); how it ended,
-    /// and how its filtered output failed if it did ("exited with 0" when all went well).
-    fn stop(&mut self, grace: Duration) -> String {
+    /// and how its filtered output failed if it did ("exited with 0" when all went well),
+    /// and whether it did.
+    fn stop(&mut self, grace: Duration) -> (String, bool) {
         drop(self.stdin.take());
         let until = Instant::now() + grace;
         let status = loop {
@@ -198,7 +195,7 @@ impl Running {
                     self.kill_group();
                     match self.child.wait() {
                         Ok(s) => break s,
-                        Err(e) => return format!("could not be waited for ({e})"),
+                        Err(e) => return (format!("could not be waited for ({e})"), false),
                     }
                 }
             }
@@ -207,7 +204,6 @@ impl Running {
         // so its stdout closes and the forwarding thread ends.
         self.kill_group();
         let forward = self.forward.take().and_then(join_forward);
-        self.output_failed = forward.is_some();
         let ended = match (
             status.code(),
             std::os::unix::process::ExitStatusExt::signal(&status),
@@ -217,8 +213,8 @@ impl Running {
             _ => format!("ended ({status})"),
         };
         match forward {
-            Some(e) => format!("{ended}; {e}"),
-            None => ended,
+            Some(e) => (format!("{ended}; {e}"), true),
+            None => (ended, false),
         }
     }
 }
@@ -273,10 +269,15 @@ fn forward_filtered(
         };
         tracing::error!("exec sink: {e}; the command is stopped");
         metrics.error("filtered_output");
-        // SAFETY: killpg on the process group the command leads (set at spawn).
-        unsafe { libc::killpg(group, libc::SIGKILL) };
+        kill_group(group);
         Err(e)
     })
+}
+
+/// Kills the process group a command leads (set at spawn): what it started goes too.
+fn kill_group(group: libc::pid_t) {
+    // SAFETY: killpg on a group id taken from our own child; no memory is touched.
+    unsafe { libc::killpg(group, libc::SIGKILL) };
 }
 
 #[cfg(test)]
