@@ -1,17 +1,19 @@
 //! The end of one run: waiting for the ICN (or the standby that took over), letting every
 //! node leave (and killing what a fault left dead), and reading the run's summary.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use fanin_node::icn::summary::MemberEvent;
 use fanin_node::Summary;
 use tokio::process::Child;
 
 use super::launcher::last_line;
 use super::Takeover;
-use crate::faults::{self, FaultResult, Injected, NodeProc, Nodes};
+use crate::faults::{self, Action, FaultResult, Injected, NodeProc, Nodes};
 
 /// Waits for the ICN that ended the run: the primary, or (after a take-over) the standby,
 /// killing the deposed primary. Returns the exit status of the one that counts.
@@ -36,31 +38,26 @@ pub(super) async fn wait_icns(
     })
 }
 
-/// Every node leaves by itself after RunStop; give them a moment (`exit_wait`, all of
-/// them together), then insist. After an ICN that failed without a summary (`ended`
-/// false: no RunStop came) they are told to stop at once, and get `FAILED_ICN_WAIT`.
+/// Every node in the run at its end leaves by itself after RunStop; give them a moment
+/// (`exit_wait`, all of them together), then insist. Nodes no RunStop reaches are told
+/// to stop (SIGTERM) at once: after an ICN that failed without a summary (`ended` false)
+/// every node, they get `FAILED_ICN_WAIT`; after a run that ended, those `outside` it.
 pub(super) async fn reap_nodes(
     nodes: &Nodes,
     injected: &[Injected],
     (prefix, dir): (&str, &Path),
-    (exit_wait, ended): (Duration, bool),
+    (exit_wait, ended, outside): (Duration, bool, BTreeSet<String>),
 ) {
     let mut nodes = nodes.lock().await;
-    // Nodes still running when a failed ICN ended: told to stop (their end by it is no
-    // news; one that failed by itself meanwhile still says why).
-    let mut told = std::collections::BTreeSet::new();
-    let wait = match ended {
-        true => exit_wait,
-        false => {
-            for n in nodes.iter_mut().filter(|n| n.name != "ICN") {
-                if matches!(n.child.try_wait(), Ok(None)) {
-                    crate::process::signal_child(&n.child, libc::SIGTERM);
-                    told.insert(n.name.clone());
-                }
-            }
-            FAILED_ICN_WAIT
+    // Their end by SIGTERM is no news; one that failed by itself meanwhile still says why.
+    let mut told = BTreeSet::new();
+    for n in nodes.iter_mut().filter(|n| n.name != "ICN") {
+        if (!ended || outside.contains(&n.name)) && matches!(n.child.try_wait(), Ok(None)) {
+            crate::process::signal_child(&n.child, libc::SIGTERM);
+            told.insert(n.name.clone());
         }
-    };
+    }
+    let wait = if ended { exit_wait } else { FAILED_ICN_WAIT };
     let deadline = tokio::time::Instant::now() + wait;
     for NodeProc { name, child, .. } in nodes.iter_mut() {
         if name == "ICN" {
@@ -89,6 +86,53 @@ pub(super) async fn reap_nodes(
             }
         }
     }
+}
+
+/// Nodes the ended run's RunStop does not reach, which would wait their whole connect
+/// time-out for an ICN that is gone: the ICN's last word on them is that they were lost,
+/// or a fault started them again and they never joined since (a restart at the run's
+/// stop). After a take-over only the first: the standby's summary may not list joins.
+pub(super) fn outside_the_run(
+    dir: &Path,
+    injected: &[Injected],
+    took_over: bool,
+) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(dir.join(Summary::JSON_FILE)).unwrap_or_default();
+    match serde_json::from_str::<Summary>(&text) {
+        Ok(s) => outside(&s.membership, s.run_start_unix_us, injected, took_over),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
+/// `outside_the_run` on the summary's membership events (times since `start_unix_us`).
+fn outside(
+    membership: &[MemberEvent],
+    start_unix_us: u64,
+    injected: &[Injected],
+    took_over: bool,
+) -> BTreeSet<String> {
+    let at_us = |t_s: f64| start_unix_us.saturating_add((t_s * 1e6) as u64);
+    let names = membership.iter().map(|m| m.node.as_str());
+    let names: BTreeSet<&str> = names
+        .chain(injected.iter().map(|i| i.node.as_str()))
+        .collect();
+    let outside = |name: &str| {
+        let events = membership.iter().filter(|m| m.node == name);
+        let last = events.clone().max_by(|a, b| a.t_s.total_cmp(&b.t_s));
+        let restarted = injected
+            .iter()
+            .filter(|i| i.node == name && matches!(i.action, Some(Action::Kill | Action::Goat)))
+            .filter_map(|i| i.back_unix_us)
+            .max();
+        let joined_since = |back| events.clone().any(|m| at_us(m.t_s) >= back);
+        last.is_some_and(|m| m.kind == "lost")
+            || (!took_over && restarted.is_some_and(|back| !joined_since(back)))
+    };
+    names
+        .into_iter()
+        .filter(|n| outside(n))
+        .map(String::from)
+        .collect()
 }
 
 /// Ended by the SIGTERM it was sent (a node that failed by itself meanwhile says why).
@@ -165,4 +209,62 @@ fn takeover_event(
         ms(detect_ms),
         ms(rejoin_ms)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const START: u64 = 1_000_000_000;
+
+    fn event(t_s: f64, node: &str, kind: &str) -> MemberEvent {
+        let (node, kind, detail) = (node.into(), kind.into(), String::new());
+        let (reassigned, dropped, policy_us) = (0, 0, 0.0);
+        MemberEvent {
+            t_s,
+            node,
+            kind,
+            reassigned,
+            dropped,
+            detail,
+            policy_us,
+        }
+    }
+
+    fn fault(node: &str, action: Action, at_s: f64, back_s: Option<f64>) -> Injected {
+        let us = |s: f64| START + (s * 1e6) as u64;
+        Injected {
+            node: node.into(),
+            action: Some(action),
+            at_unix_us: Some(us(at_s)),
+            back_unix_us: back_s.map(us),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn nodes_no_run_stop_reaches_are_outside_the_run() {
+        let membership = [
+            event(0.4, "EPN 3", "lost"),
+            event(1.5, "EPN 3", "joining"),
+            event(1.5, "EPN 3", "rejoined"),
+            event(2.0, "EPN 2", "lost"),
+            event(2.1, "FLP 1", "lost"),
+            event(2.2, "FLP 1", "joining"),
+        ];
+        let injected = [
+            // Killed, back and joined, killed again and started at the run's stop.
+            fault("EPN 3", Action::Kill, 0.3, Some(1.4)),
+            fault("EPN 3", Action::Kill, 2.9, Some(3.0)),
+            // Frozen and let go without being lost: still in the run.
+            fault("EPN 1", Action::Stop, 1.0, Some(1.2)),
+            // Killed, back, joined again: in the run.
+            fault("FLP 1", Action::Kill, 2.05, Some(2.15)),
+        ];
+        let out = outside(&membership, START, &injected, false);
+        assert_eq!(out, BTreeSet::from(["EPN 2".into(), "EPN 3".into()]));
+        // After a take-over the standby's summary may not list the joins: lost ones only.
+        let out = outside(&membership, START, &injected, true);
+        assert_eq!(out, BTreeSet::from(["EPN 2".into()]));
+    }
 }

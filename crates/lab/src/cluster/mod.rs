@@ -81,7 +81,8 @@ pub async fn run_on(
     // The run ended (RunStop went out) when the ICN wrote its summary, even if it exits
     // with an error after it (a broken invariant): its nodes may still be finishing.
     let ended = status.success() || dir.join(Summary::JSON_FILE).exists();
-    let exit_wait = (node_plan.epn_exit_wait(), ended);
+    let outside = ending::outside_the_run(dir, &injected, took_over);
+    let exit_wait = (node_plan.epn_exit_wait(), ended, outside);
     ending::reap_nodes(&nodes, &injected, (prefix, dir), exit_wait).await;
     ending::summary(dir, status, &injected, watch.takeover)
 }
