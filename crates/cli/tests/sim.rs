@@ -80,7 +80,54 @@ fn the_same_experiment_twice_writes_identical_files() {
             "{f} missing in {names:?}"
         );
     }
-    assert_eq!(outs[0], outs[1], "two runs with the same seed differ");
+    same_files(&outs[0], &outs[1], Path::new(exp));
+}
+
+#[test]
+fn the_flow_and_nodes_models_write_identical_files_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let flow = dir.path().join("flow.toml");
+    std::fs::write(&flow, "model = \"flow\"\npolicies = [\"round-robin\", \"least-loaded\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n").unwrap();
+    let nodes =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/nodes-epn-crash.toml");
+    for (exp, table) in [
+        (flow.as_path(), "table.csv"),
+        (nodes.as_path(), "summary.json"),
+    ] {
+        let outs: Vec<_> = (0..2)
+            .map(|i| {
+                let root = dir
+                    .path()
+                    .join(format!("{}-{i}", exp.display().to_string().len()));
+                let (ok, err) = sim(exp, &root, false);
+                assert!(ok, "{}: {err}", exp.display());
+                files(&root)
+            })
+            .collect();
+        let names: Vec<_> = outs[0].iter().map(|f| f.0.display().to_string()).collect();
+        assert!(
+            names.iter().any(|n| n.ends_with(table)),
+            "{table} missing in {names:?}"
+        );
+        same_files(&outs[0], &outs[1], exp);
+    }
+}
+
+/// The two runs' files are the same, byte for byte; a failure names the first that is
+/// not, with both texts.
+fn same_files(a: &[(PathBuf, Vec<u8>)], b: &[(PathBuf, Vec<u8>)], exp: &Path) {
+    let names = |v: &[(PathBuf, Vec<u8>)]| v.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(a), names(b), "{}: different files", exp.display());
+    for (x, y) in a.iter().zip(b) {
+        let text = |f: &(PathBuf, Vec<u8>)| String::from_utf8_lossy(&f.1).into_owned();
+        let (what, name) = (exp.display(), x.0.display());
+        assert!(
+            x.1 == y.1,
+            "{what}: {name} differs:\n{}\n---\n{}",
+            text(x),
+            text(y)
+        );
+    }
 }
 
 #[test]

@@ -339,10 +339,14 @@ impl Summary {
     /// `summary.json` and `summary.csv` in `dir`, each written whole or not at all (a
     /// temporary file renamed into place); `run` becomes the directory's name.
     pub fn write(&mut self, dir: &Path) -> anyhow::Result<()> {
-        self.run = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let run = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        self.write_as(dir, &run.unwrap_or_default())
+    }
+
+    /// The same with the run named `run` (a simulation: its name, not its stamped
+    /// directory's, so that the same seed writes the same bytes).
+    pub fn write_as(&mut self, dir: &Path, run: &str) -> anyhow::Result<()> {
+        self.run = run.to_string();
         let json = serde_json::to_string_pretty(self)? + "\n";
         write_atomic(&dir.join(Self::JSON_FILE), &json)?;
         let csv = format!("{}\n{}\n", Self::CSV_HEADER, self.csv_row());

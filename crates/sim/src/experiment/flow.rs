@@ -68,7 +68,7 @@ fn reasons(m: &std::collections::BTreeMap<String, u64>) -> String {
         .join(", ")
 }
 
-fn table(rows: &[(String, AliceSummary, f64)]) -> String {
+fn table(rows: &[(String, AliceSummary)]) -> String {
     let mut cells = vec![super::head_with(&[
         "reasons",
         "lat p50 s",
@@ -82,9 +82,8 @@ fn table(rows: &[(String, AliceSummary, f64)]) -> String {
         "Tbit/s",
         "fails",
         "invariant",
-        "wall s",
     ])];
-    for (label, s, wall) in rows {
+    for (label, s) in rows {
         cells.push(vec![
             label.clone(),
             s.policy.clone(),
@@ -118,7 +117,6 @@ fn table(rows: &[(String, AliceSummary, f64)]) -> String {
             format!("{:.3}", s.goodput_tbps),
             s.epn_failures.to_string(),
             if s.invariant_ok { "ok" } else { "VIOLATED" }.into(),
-            format!("{wall:.1}"),
         ]);
     }
     fanin_report::align(&cells)
@@ -157,8 +155,8 @@ pub fn check_all(
 }
 
 /// One row with one policy: its config and summary in `dir`, a line on stdout; the
-/// summary and the wall time it took.
-fn run_one(label: &str, cfg: &AliceConfig, dir: &Path) -> anyhow::Result<(AliceSummary, f64)> {
+/// summary. The wall time it took goes to stdout only: the files are the seed's alone.
+fn run_one(label: &str, cfg: &AliceConfig, dir: &Path) -> anyhow::Result<AliceSummary> {
     let wall = std::time::Instant::now();
     let s = run(cfg).map_err(|e| anyhow::anyhow!("run {label}: {e}"))?;
     let wall = wall.elapsed().as_secs_f64();
@@ -179,17 +177,17 @@ fn run_one(label: &str, cfg: &AliceConfig, dir: &Path) -> anyhow::Result<(AliceS
         s.flows,
         s.solves
     );
-    Ok((s, wall))
+    Ok(s)
 }
 
 /// table.csv: one row per run and policy.
-fn csv(rows: &[(String, AliceSummary, f64)]) -> String {
-    let mut csv = String::from("run,policy,issued,completed,incomplete,dropped,incomplete_reasons,dropped_reasons,waited,latency_mean_s,latency_p50_s,latency_p99_s,latency_max_s,buffer_mean_frac,buffer_peak_frac,flp_link_util,epn_link_util,epn_link_util_max,goodput_tbps,epn_failures,invariant_ok,wall_s\n");
-    for (label, s, wall) in rows {
+fn csv(rows: &[(String, AliceSummary)]) -> String {
+    let mut csv = String::from("run,policy,issued,completed,incomplete,dropped,incomplete_reasons,dropped_reasons,waited,latency_mean_s,latency_p50_s,latency_p99_s,latency_max_s,buffer_mean_frac,buffer_peak_frac,flp_link_util,epn_link_util,epn_link_util_max,goodput_tbps,epn_failures,invariant_ok\n");
+    for (label, s) in rows {
         let label = fanin_report::csv_quoted(label);
         let _ = writeln!(
             csv,
-            "{label},{},{},{},{},{},\"{}\",\"{}\",{},{:.4},{:.4},{:.4},{:.4},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{},{},{wall:.2}",
+            "{label},{},{},{},{},{},\"{}\",\"{}\",{},{:.4},{:.4},{:.4},{:.4},{:.5},{:.5},{:.5},{:.5},{:.5},{:.5},{},{}",
             s.policy,
             s.issued,
             s.completed,
@@ -237,8 +235,8 @@ pub fn run_experiment(
         for &p in &exp.policies {
             let cfg = configured(r, p, seed, duration);
             let dir = root.join(super::policy_dir(&r.label, p));
-            let (s, wall) = run_one(&r.label, &cfg, &dir)?;
-            rows.push((r.label.clone(), s, wall));
+            let s = run_one(&r.label, &cfg, &dir)?;
+            rows.push((r.label.clone(), s));
         }
     }
     let t = table(&rows);
@@ -247,7 +245,7 @@ pub fn run_experiment(
     std::fs::write(root.join("table.csv"), csv(&rows))?;
     println!("results: {}", root.display());
     anyhow::ensure!(
-        rows.iter().all(|(_, s, _)| s.invariant_ok),
+        rows.iter().all(|(_, s)| s.invariant_ok),
         "accounting invariant violated"
     );
     Ok(())

@@ -33,7 +33,7 @@ pub fn run_file(path: &Path, results: &Path) -> anyhow::Result<PathBuf> {
     let (name, s) = load(path)?;
     let mut o = simulate(&s)?;
     let dir = fanin_report::experiment_root(results, "sim", &name)?;
-    o.summary.write(&dir)?;
+    o.summary.write_as(&dir, &name)?;
     std::fs::write(dir.join("tfs.csv"), o.tfs_csv())
         .with_context(|| format!("writing {}", dir.join("tfs.csv").display()))?;
     let log = o.seen.log.join("\n") + "\n";
