@@ -187,3 +187,28 @@ fn on_data_tfs_not_scheduled_when_the_run_ends_stay_outside_the_ledger() {
     );
     assert_eq!(s.issued, s.completed + s.incomplete + s.dropped);
 }
+
+/// Least-loaded on the mean size (timer): a TF larger than the EPN's buffer is dropped
+/// there, and the EPN takes the next TFs that fit (the policy hears its load as it is,
+/// not with the dropped TF counted in).
+#[test]
+fn an_epn_that_dropped_an_oversized_tf_takes_the_next_ones() {
+    let mut c = small(PolicyKind::LeastLoaded);
+    (c.flps, c.epns) = (Some(4), Some(3));
+    c.tf_rate_hz = Some(1.0);
+    c.duration_s = 30.0;
+    c.processing = "fixed(0.1)".into();
+    // TFs of 4 x 100..300 MB: 1.2 x the 800 MB mean fits an idle 1 GB EPN; those over
+    // 1 GB do not.
+    c.epn_buffer_gb = 1.0;
+    c.stf_size = Some("sine(200000000,100000000,5)".into());
+    let s = run(&c).unwrap();
+    assert!(s.invariant_ok, "{s:?}");
+    let full = s
+        .dropped_by_reason
+        .get("epn_buffer_full")
+        .copied()
+        .unwrap_or(0);
+    assert!(full > 0, "no TF was too large: {s:?}");
+    assert_eq!(s.dropped, full, "TFs that fit were dropped too: {s:?}");
+}

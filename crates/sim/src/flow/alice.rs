@@ -519,6 +519,9 @@ impl Sim<'_> {
         let ep = &mut self.epns[e as usize];
         if ep.used + bytes > self.buffer {
             self.tfs[n as usize].end = Some(End::Dropped("epn_buffer_full"));
+            // The policy counted the TF in when it chose `e`: it hears the EPN's load as
+            // it is (as the runtime's next load report would tell it).
+            self.report(e);
             return Ok(());
         }
         let used = ep.used + bytes;
