@@ -611,13 +611,14 @@ impl FlpCore {
         if first_failure {
             self.metrics.error("send_failed");
         }
-        if !self.retain {
-            return self.dropped(job.tf, Reason::SendFailed);
+        match self.retain {
+            false => self.dropped(job.tf, Reason::SendFailed),
+            true => self.metrics.stf("kept", "send_failed", 1),
         }
-        self.metrics.stf("kept", "send_failed", 1);
         if first_failure {
-            // Not a drop: tell the ICN, which takes the EPN out of the schedule and
-            // moves its TFs (their STFs are kept here).
+            // Tell the ICN, which takes the EPN out of the schedule (and moves its TFs,
+            // whose STFs are kept here when it re-assigns) until it joins again and
+            // every FLP connects afresh: later TFs do not go down a dead connection.
             self.send(Message::EpnReachable {
                 epn_id: job.epn,
                 ok: false,
@@ -812,12 +813,23 @@ mod tests {
     }
 
     #[test]
-    fn without_retain_a_failed_send_is_a_drop() {
+    fn without_retain_a_failed_send_is_a_drop_and_reported() {
         let (mut c, _) = flp(false, 64 * KIB);
         let j = job(&assign(&mut c, 0, 1));
         c.handle(Input::Sent { job: j, ok: false });
-        assert_eq!(dropped(&drain(&mut c)), Some(Reason::SendFailed));
+        let a = drain(&mut c);
+        assert_eq!(dropped(&a), Some(Reason::SendFailed));
         assert_eq!(c.buffered(), 0);
+        // After the drop (its reason is the precise one), the ICN hears of the EPN.
+        let unreachable = Action::Control(Message::EpnReachable {
+            epn_id: 1,
+            ok: false,
+        });
+        let at = |x: &Action| a.iter().position(|y| y == x);
+        let drop_at = a
+            .iter()
+            .position(|x| matches!(x, Action::Control(Message::StfDropped { .. })));
+        assert!(at(&unreachable) > drop_at, "{a:?}");
     }
 
     #[test]
