@@ -310,27 +310,30 @@ async fn follow(
             Ok(joined.leave(Role::Epn, metrics).await?)
         }
         Ended::SinkFailed(e) => Err(NodeError::Fatal(e)),
-        Ended::LostIcn(e) => keep(k, kept, reg, lost_icn(Role::Epn, me, icn, e, metrics)),
-        Ended::NotLeader(other) => keep(
-            k,
-            kept,
-            reg,
-            crate::join::not_leading(Role::Epn, me, icn, &other),
-        ),
+        Ended::LostIcn(e) => keep(k, kept, reg, lost_icn(Role::Epn, me, icn, e, metrics)).await,
+        Ended::NotLeader(other) => {
+            let err = crate::join::not_leading(Role::Epn, me, icn, &other);
+            keep(k, kept, reg, err).await
+        }
     }
 }
 
 /// The ICN is lost: with a registry the run is kept for an ICN that takes it over (its
-/// build time-outs wait meanwhile); `err` says why.
-fn keep(
+/// build time-outs wait meanwhile); without one it is ended as at a RunStop, so its
+/// sinks hand on what they hold and close before the next incarnation opens them again
+/// (a tap's port, a plug-in's one thread). `err` says why.
+async fn keep(
     k: KeptRun,
     kept: &std::cell::RefCell<Option<KeptRun>>,
     reg: Option<&ZkRegistry>,
     err: NodeError,
 ) -> Result<(), NodeError> {
-    if reg.is_some() {
-        k.icn_away.store(true, Ordering::Release);
-        *kept.borrow_mut() = Some(k);
+    match reg {
+        Some(_) => {
+            k.icn_away.store(true, Ordering::Release);
+            *kept.borrow_mut() = Some(k);
+        }
+        None => k.end().await?,
     }
     Err(err)
 }
