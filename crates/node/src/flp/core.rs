@@ -460,8 +460,10 @@ impl FlpCore {
             // A TF already sent: its EPN died and the ICN moved it.
             Some(k) => {
                 if !self.resend(tf, epn, k.len) && !self.on_data {
-                    self.kept.remove(&tf);
-                    self.budget.release(k.len);
+                    // Dropped: freed once no send of it is under way (a send's end
+                    // finds its entry, and a later Assign finds it too).
+                    self.kept.get_mut(&tf).expect("kept").released = true;
+                    self.maybe_free(tf);
                 }
             }
             None if self.on_data => {
@@ -590,7 +592,12 @@ impl FlpCore {
             self.budget.release(job.len);
         }
         if let Some(k) = self.kept.get_mut(&job.tf) {
-            k.sending -= 1;
+            debug_assert!(
+                k.sending > 0,
+                "TF {}: a send ended that was not counted",
+                job.tf
+            );
+            k.sending = k.sending.saturating_sub(1);
         }
         self.maybe_free(job.tf);
         let first_failure = match self.queues.get_mut(&job.epn) {
@@ -830,6 +837,27 @@ mod tests {
             .iter()
             .position(|x| matches!(x, Action::Control(Message::StfDropped { .. })));
         assert!(at(&unreachable) > drop_at, "{a:?}");
+    }
+
+    #[test]
+    fn an_stf_dropped_while_its_send_is_under_way_is_freed_after_the_send() {
+        let (mut c, _) = flp(true, 64 * KIB);
+        let first = job(&assign(&mut c, 0, 0));
+        // Moved to an EPN it cannot send to: dropped, but still being sent to EPN 0.
+        assert_eq!(dropped(&assign(&mut c, 0, 9)), Some(Reason::SendFailed));
+        assert_eq!(c.buffered(), KIB, "its send still reads it");
+        // Moved again: sent from the same bytes.
+        let again = job(&assign(&mut c, 0, 1));
+        c.handle(Input::Sent {
+            job: first,
+            ok: false,
+        });
+        c.handle(Input::Sent {
+            job: again,
+            ok: true,
+        });
+        drain(&mut c);
+        assert_eq!(c.buffered(), 0, "freed after its last send");
     }
 
     #[test]
