@@ -186,6 +186,8 @@ impl Api {
             last["issued"], last["completed"], last["incomplete"], last["dropped"],
             last["invariant_ok"], last["dir"].as_str().unwrap_or("?")
         );
+        // A broken accounting invariant fails the command, as it fails `fanin icn`.
+        anyhow::ensure!(last["invariant_ok"] != false, "ICN {}: {line}", self.icn);
         Ok(serde_json::json!({"ok": true, "message": line, "run": last}))
     }
 

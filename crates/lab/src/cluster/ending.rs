@@ -63,11 +63,7 @@ pub(super) async fn reap_nodes(
         if name == "ICN" {
             continue;
         }
-        if injected
-            .iter()
-            .any(|i| &i.node == name && i.back_unix_us.is_none())
-        {
-            // Killed or frozen by a fault and never brought back.
+        if injected.iter().any(|i| &i.node == name && left_dead(i)) {
             signal_kill(child).await;
             continue;
         }
@@ -133,6 +129,13 @@ fn outside(
         .filter(|n| outside(n))
         .map(String::from)
         .collect()
+}
+
+/// A fault that killed or froze its node and did not bring it back (one that never
+/// fired, or a network fault, leaves it to end as the others do).
+fn left_dead(i: &Injected) -> bool {
+    let process = matches!(i.action, Some(Action::Kill | Action::Stop | Action::Goat));
+    process && i.at_unix_us.is_some() && i.back_unix_us.is_none()
 }
 
 /// Ended by the SIGTERM it was sent (a node that failed by itself meanwhile says why).
@@ -266,5 +269,18 @@ mod tests {
         // After a take-over the standby's summary may not list the joins: lost ones only.
         let out = outside(&membership, START, &injected, true);
         assert_eq!(out, BTreeSet::from(["EPN 2".into()]));
+    }
+
+    #[test]
+    fn only_a_fired_kill_or_freeze_not_undone_leaves_its_node_dead() {
+        assert!(left_dead(&fault("EPN 0", Action::Kill, 1.0, None)));
+        assert!(left_dead(&fault("EPN 0", Action::Stop, 1.0, None)));
+        assert!(!left_dead(&fault("EPN 0", Action::Kill, 1.0, Some(2.0))));
+        // A goat that never crashed, a kill after the run's end: never fired.
+        let mut never = fault("EPN 0", Action::Goat, 0.0, None);
+        never.at_unix_us = None;
+        assert!(!left_dead(&never));
+        // A partition healed at the run's end (not by its own task) killed nothing.
+        assert!(!left_dead(&fault("EPN 0", Action::Partition, 1.0, None)));
     }
 }

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use fanin_node::config::Registry;
+use fanin_node::icn::run_state::RUN_START_FILE;
 use fanin_node::registry::zk_server::{ZkServer, ZkServerOptions};
-use fanin_node::RunConfig;
+use fanin_node::{RunConfig, Summary};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::sync::mpsc;
@@ -97,6 +98,7 @@ impl<'a> Launcher<'a> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         // Nodes run in the run's directory (relative sink paths land there).
         let dir = &std::path::absolute(dir)?;
+        clear_results(dir)?;
         let cfg_path = dir.join("config.toml");
         std::fs::write(&cfg_path, toml::to_string(cfg)?)?;
         let icn_host = net.map(|n| n.place.icn).unwrap_or(0);
@@ -421,4 +423,44 @@ pub(super) fn last_line(p: &Path) -> String {
                 .map(str::to_string)
         })
         .unwrap_or_else(|| format!("(no output in {})", p.display()))
+}
+
+/// Removes what an earlier run left in `dir` (a replayed chaos case, a reused
+/// `--results` path): its summary would be read as this run's if this one wrote none.
+fn clear_results(dir: &Path) -> anyhow::Result<()> {
+    let files = [Summary::JSON_FILE, Summary::CSV_FILE, RUN_START_FILE];
+    for f in files.into_iter().chain(["faults.json", "report.html"]) {
+        match std::fs::remove_file(dir.join(f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", dir.join(f).display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_runs_results_are_cleared_and_the_rest_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            Summary::JSON_FILE,
+            Summary::CSV_FILE,
+            "faults.json",
+            "epn-0.log",
+        ];
+        for f in files {
+            std::fs::write(dir.path().join(f), "old").unwrap();
+        }
+        clear_results(dir.path()).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["epn-0.log"]);
+    }
 }

@@ -60,6 +60,7 @@ pub async fn run_on(
     procs.push(l.icn_proc(icn.child));
     let nodes: Nodes = Arc::new(tokio::sync::Mutex::new(procs));
     let mut watch = Watch {
+        heard: Arc::new(std::sync::Mutex::new(tokio::time::Instant::now())),
         planned,
         net_faults,
         nodes: nodes.clone(),
@@ -67,14 +68,19 @@ pub async fn run_on(
         takeover: Takeover::default(),
         bar: progress_bar(&checked, prefix),
         interrupts,
+        standby_pid: standby.as_ref().and_then(|s| s.0.id()),
     };
     let limit = time_limit(cfg, &checked, icn_fault);
+    let heard = watch.heard.clone();
     let follow = watch.follow(icn.lines, standby.as_mut().map(|s| &mut s.1));
-    let timed_out = tokio::time::timeout(limit, follow).await.is_err();
+    let timed_out = tokio::select! {
+        _ = follow => false,
+        _ = limit.reached(&heard) => true,
+    };
     watch.bar.finish_and_clear();
     let injected = watch.injector.map(Injector::finish).unwrap_or_default();
     if timed_out {
-        anyhow::bail!("run did not finish within {limit:?}; see {}", dir.display());
+        anyhow::bail!("run did not finish: {limit}; see {}", dir.display());
     }
     let took_over = watch.takeover.elected_unix_us.is_some();
     let status = ending::wait_icns(&nodes, standby.as_mut().map(|s| &mut s.0), took_over).await?;
@@ -149,11 +155,16 @@ fn progress_bar(checked: &Checked, prefix: &str) -> ProgressBar {
     bar
 }
 
-/// How long the whole run may take before the launcher gives up on it.
-fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Duration {
-    let run = checked.configured_duration.unwrap_or_default();
+/// When the launcher gives up on a run: after its whole length (and that again for a
+/// standby's take-over), or, for a run whose length is its TFs alone (unthrottled),
+/// once the ICN said nothing for as long as a pre-run and a drain take.
+fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Limit {
     let prerun = Duration::from_secs_f64(cfg.prerun_timeout_s);
-    let mut limit = run + prerun + checked.drain_timeout() + Duration::from_secs(60);
+    let quiet = prerun + checked.drain_timeout() + Duration::from_secs(60);
+    let Some(run) = checked.configured_duration else {
+        return Limit::Quiet(quiet);
+    };
+    let mut limit = run + quiet;
     if icn_fault {
         // The standby runs the whole run again after its election.
         limit += run
@@ -161,7 +172,40 @@ fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Duration {
             + Duration::from_millis(cfg.zk_session_timeout_ms)
             + prerun;
     }
-    limit
+    Limit::Total(limit)
+}
+
+/// How long a run may take (`time_limit`).
+#[derive(Debug, Clone, Copy)]
+enum Limit {
+    Total(Duration),
+    /// Without a line from the ICN (its progress lines come 4 times a second).
+    Quiet(Duration),
+}
+
+impl Limit {
+    /// Resolves once the limit is reached (`heard`: when the ICN last said something).
+    async fn reached(self, heard: &std::sync::Mutex<tokio::time::Instant>) {
+        match self {
+            Limit::Total(d) => tokio::time::sleep(d).await,
+            Limit::Quiet(d) => loop {
+                let until = *heard.lock().expect("heard lock") + d;
+                if tokio::time::Instant::now() >= until {
+                    return;
+                }
+                tokio::time::sleep_until(until).await;
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Limit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Limit::Total(d) => write!(f, "not within {d:?}"),
+            Limit::Quiet(d) => write!(f, "the ICN said nothing for {d:?}"),
+        }
+    }
 }
 
 /// A standby's take-over, in UNIX µs: when it was elected, when its run started.
@@ -176,6 +220,8 @@ pub(crate) struct Takeover {
 /// Follows a run from the launcher's side: the ICN's lines, faults started with the run,
 /// a standby's take-over, the progress bar.
 struct Watch {
+    /// When the ICN (or the standby) last said something.
+    heard: Arc<std::sync::Mutex<tokio::time::Instant>>,
     planned: Vec<Planned>,
     net_faults: Option<Arc<NetFaults>>,
     nodes: Nodes,
@@ -184,6 +230,7 @@ struct Watch {
     bar: ProgressBar,
     /// The operator's stop requests: the first is passed on to the ICN (SIGTERM).
     interrupts: Option<Interrupts>,
+    standby_pid: Option<u32>,
 }
 
 impl Watch {
@@ -195,10 +242,25 @@ impl Watch {
     ) {
         let mut on_standby = false;
         loop {
+            let interrupted = async {
+                match self.interrupts.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             let line = if on_standby {
-                match standby.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => None,
+                let from_standby = async {
+                    match standby.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => None,
+                    }
+                };
+                tokio::select! {
+                    l = from_standby => l,
+                    true = interrupted => {
+                        self.stop_icns(true).await;
+                        continue;
+                    }
                 }
             } else {
                 // The standby speaks only once elected: then the primary is deposed
@@ -209,12 +271,6 @@ impl Watch {
                         None => std::future::pending().await,
                     }
                 };
-                let interrupted = async {
-                    match self.interrupts.as_mut() {
-                        Some(rx) => rx.changed().await.is_ok(),
-                        None => std::future::pending().await,
-                    }
-                };
                 tokio::select! {
                     l = lines.next_line() => l.ok().flatten(),
                     Some(l) = from_standby => {
@@ -222,7 +278,7 @@ impl Watch {
                         Some(l)
                     }
                     true = interrupted => {
-                        self.stop_icns().await;
+                        self.stop_icns(false).await;
                         continue;
                     }
                 }
@@ -239,11 +295,15 @@ impl Watch {
         }
     }
 
-    /// Asks the ICN (and a standby) to stop issuing and drain: they write their summary.
-    async fn stop_icns(&mut self) {
+    /// Asks the ICN to stop issuing and drain, and the standby once it leads (`elected`;
+    /// before, it may still be the one that ends the run): the leader writes the summary.
+    async fn stop_icns(&mut self, elected: bool) {
         let nodes = self.nodes.lock().await;
         for n in nodes.iter().filter(|n| n.name == "ICN") {
             crate::process::signal_child(&n.child, libc::SIGTERM);
+        }
+        if let Some(pid) = self.standby_pid.filter(|_| elected) {
+            crate::process::signal(pid, libc::SIGTERM);
         }
     }
 
@@ -258,6 +318,7 @@ impl Watch {
     }
 
     fn on_line(&mut self, line: IcnLine, on_standby: bool) {
+        *self.heard.lock().expect("heard lock") = tokio::time::Instant::now();
         match line {
             IcnLine::Listening { .. } if on_standby => {
                 self.takeover.elected_unix_us = Some(faults::unix_us());
