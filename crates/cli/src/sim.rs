@@ -221,7 +221,7 @@ fn check_only(a: &SimArgs, model: Model) -> anyhow::Result<()> {
             let exp = flow_experiment(a)?;
             exp.runs.len() * exp.policies.len()
         }
-        (m, Some(f)) => fanin_sim::experiment::check_file(f, m, &a.only)?,
+        (m, Some(f)) => fanin_sim::experiment::check_file(f, m, (&a.only, a.seed))?,
         (_, None) => 1,
     };
     println!("ok: {} model, {rows} row(s)", model.name());

@@ -263,6 +263,21 @@ fn values_a_simulation_cannot_go_through_are_refused_naming_the_field() {
         (format!("{build}flp_every = 1\n"), "flp_every"),
         (format!("{fabric}sample_s = 1e-10\n"), "sample_s"),
         (
+            flow.replace("duration_s = 0.2", "duration_s = 1e-10"),
+            "duration_s",
+        ),
+        (
+            format!("{flow}stf_size = \"uniform(1000,2000)\"\n"),
+            "aggregate = false",
+        ),
+        (
+            fabric.replace(
+                "[fabric]",
+                "repetitions = 2\n[fabric]\nseed = 4611686018427387904",
+            ),
+            "largest seed",
+        ),
+        (
             format!("{nodes}ms = 18446744073709\n"),
             "18446744073709 ms is over a year",
         ),

@@ -178,6 +178,17 @@ impl TokenManager {
         self.wants.retain(|w| !w.flps.is_empty());
     }
 
+    /// EPN `epn` is gone: it waits for nothing (its TFs are wanted again by the EPNs they
+    /// move to). Before its transfers end, so their tokens go to EPNs that can use them.
+    pub fn forget_epn(&mut self, epn: EpnId) {
+        self.wants.retain(|w| w.epn != epn);
+    }
+
+    /// The run stopped: nothing is wanted any more (the transfers under way still end).
+    pub fn forget_wants(&mut self) {
+        self.wants.clear();
+    }
+
     /// Does some EPN still wait for a token for the STF of `tf` from `flp`?
     pub fn wanted(&self, tf: TfId, flp: FlpId) -> bool {
         self.wants
@@ -357,6 +368,30 @@ mod tests {
         t.forget_flp(0);
         assert_eq!(t.waiting(), 0);
         assert!(t.done(g[0]).is_empty());
+    }
+
+    #[test]
+    fn a_gone_epns_wants_and_a_stopped_runs_are_not_granted() {
+        let mut t = TokenManager::new(1, 1);
+        let first = t.want(1, 1, [0]);
+        // EPN 1 also wants TF 2 from FLP 1; EPN 2 wants TF 3 from FLP 0 (busy).
+        assert_eq!(t.want(1, 2, [1]), []);
+        assert_eq!(t.want(2, 3, [0]), []);
+        t.forget_epn(1);
+        // EPN 1's token comes back: its own want is gone, FLP 0's goes to EPN 2.
+        let next = t.done(first[0]);
+        assert_eq!(
+            next,
+            [Grant {
+                epn: 2,
+                tf: 3,
+                flp: 0
+            }]
+        );
+        assert_eq!(t.want(3, 4, [0]), []);
+        t.forget_wants();
+        assert_eq!(t.waiting(), 0);
+        assert!(t.done(next[0]).is_empty());
     }
 
     proptest! {

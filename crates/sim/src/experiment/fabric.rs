@@ -296,6 +296,23 @@ fn charts(scenarios: &[Scenario], means: &[Mean], root: &Path) -> anyhow::Result
     Ok(())
 }
 
+/// Every scenario's last seed (its own or `seed`, plus its repetitions) is a seed a run
+/// takes, so no repetition fails after the first ran.
+pub fn check_seeds(exp: &FabricExperiment, seed: Option<u64>) -> anyhow::Result<()> {
+    for sc in &exp.scenarios {
+        let base = seed.unwrap_or(sc.cfg.seed);
+        let last = base.saturating_add(u64::from(exp.repetitions) - 1);
+        anyhow::ensure!(
+            last <= crate::MAX_SEED,
+            "scenario {}: seed {base} and {} repetitions go past the largest seed {}",
+            sc.label,
+            exp.repetitions,
+            crate::MAX_SEED
+        );
+    }
+    Ok(())
+}
+
 /// Runs the experiment: every scenario for seeds base..base+repetitions.
 pub fn run_file(
     path: &Path,
@@ -305,6 +322,7 @@ pub fn run_file(
 ) -> anyhow::Result<()> {
     let mut exp = load(path)?;
     super::keep_only(&mut exp.scenarios, only, |s| &s.label)?;
+    check_seeds(&exp, seed)?;
     let root = fanin_report::experiment_root(results, "sim", &exp.name)?;
     println!(
         "fanin sim: {:?}, {} scenario(s) x {} seed(s); results in {}",

@@ -186,10 +186,14 @@ pub fn keep_only<T>(
 }
 
 /// Loads a fabric, build or nodes file of `model` and its `--only` rows, checking what it
-/// can without running anything: the number of table rows. No flag changes these
-/// models' runs; packet and flow files are checked as they run, with the flags applied
-/// (`fanin --check sim`), so they are refused here.
-pub fn check_file(path: &Path, model: Model, only: &[String]) -> anyhow::Result<usize> {
+/// can without running anything: the number of table rows. Of the flags only `--seed`
+/// changes these models' runs (the fabric's seeds); packet and flow files are checked
+/// as they run, with the flags applied (`fanin --check sim`), so they are refused here.
+pub fn check_file(
+    path: &Path,
+    model: Model,
+    (only, seed): (&[String], Option<u64>),
+) -> anyhow::Result<usize> {
     let rows = match model {
         Model::Packet | Model::Flow => {
             anyhow::bail!("{} files are checked with their run's flags", model.name())
@@ -197,6 +201,7 @@ pub fn check_file(path: &Path, model: Model, only: &[String]) -> anyhow::Result<
         Model::Fabric => {
             let mut e = fabric::load(path)?;
             keep_only(&mut e.scenarios, only, |s| &s.label)?;
+            fabric::check_seeds(&e, seed)?;
             e.scenarios.len()
         }
         Model::Build => {

@@ -118,14 +118,12 @@ pub fn check(cfg: &BuildConfig) -> Result<(), crate::ConfigError> {
         }
     }
     let duration_ok = cfg.duration_s.is_finite()
-        && cfg.duration_s > 0.0
+        && cfg.duration_s >= 1e-6
         && cfg.duration_s <= 1e6
         && cfg.duration_s * cfg.tf_rate_hz <= 1e6;
     let drain_ok = cfg.drain_s.is_finite() && (0.0..=1e6).contains(&cfg.drain_s);
     if !duration_ok || !drain_ok {
-        return Err(
-            "duration_s positive (at most 10^6 s and 10^6 TFs), drain_s 0 to 10^6 s".into(),
-        );
+        return Err("duration_s 1 µs to 10^6 s (and at most 10^6 TFs), drain_s 0 to 10^6 s".into());
     }
     let steps = (cfg.duration_s + cfg.drain_s) / cfg.hedera_interval_s;
     if cfg.hedera.is_some() && (cfg.hedera_interval_s < 1e-6 || steps > 1e6) {

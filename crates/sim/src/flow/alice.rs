@@ -239,6 +239,12 @@ impl AliceConfig {
         if self.flp_tokens.is_some() && self.aggregate {
             return Err("flp_tokens needs aggregate = false (FLPs differ at each instant)".into());
         }
+        // One representative FLP stands for all only when their STFs are the same size.
+        if self.aggregate && matches!(size, StfSize::Uniform { min, max } if min < max) {
+            return Err(
+                "stf_size: uniform sizes differ between FLPs; set aggregate = false".into(),
+            );
+        }
         for (n, v) in [
             ("duration_s", self.duration_s),
             ("drain_s", self.drain_s),
@@ -264,8 +270,9 @@ impl AliceConfig {
         if self.epn_buffer_gb == 0.0 {
             return Err("epn_buffer_gb must be positive".into());
         }
-        if self.duration_s == 0.0 {
-            return Err("duration_s must be positive".into());
+        // A shorter run ends at time 0, and its link and buffer means divide by it.
+        if self.duration_s < 1e-6 {
+            return Err("duration_s must be at least 1 µs".into());
         }
         if self.slow_epn_frac > 1.0 {
             return Err("slow_epn_frac is a fraction (0 to 1)".into());

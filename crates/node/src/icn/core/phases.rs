@@ -305,6 +305,7 @@ impl IcnCore {
             }
         }
         self.phase = Phase::Stopping;
+        self.transfers_stopped();
         self.phase_deadline = Some(self.now + STOP_WAIT);
         self.broadcast(Message::RunStop {
             run_id: self.cfg.run_id,

@@ -48,10 +48,7 @@ impl IcnCore {
                 None => todo.extend(self.transfers.as_mut().expect("pull mode").done(g)),
             }
         }
-        if let Some(t) = &self.transfers {
-            self.metrics
-                .set_level("stfs_waiting_for_tokens", t.waiting() as u64);
-        }
+        self.publish_waiting();
     }
 
     /// The transfer of `tf`'s STF from `flp` to `epn` ended (the EPN's or the FLP's word):
@@ -110,6 +107,7 @@ impl IcnCore {
         if let Some(t) = self.transfers.as_mut() {
             t.cancel(tf);
         }
+        self.publish_waiting();
     }
 
     /// Pull mode: FLP `flp` announced the STF of `tf` late (on-data) and the TF is open
@@ -137,7 +135,26 @@ impl IcnCore {
     /// EPN `epn` left: its transfers end (it reports no arrival any more; its TFs are
     /// wanted again by the EPNs they move to).
     pub(super) fn transfers_of_epn_over(&mut self, epn: EpnId) {
+        if let Some(t) = self.transfers.as_mut() {
+            t.forget_epn(epn);
+        }
         self.end_transfers(|g| g.epn == epn);
+    }
+
+    /// RunStop: no STF is wanted any more (each grant would only be ended at once).
+    pub(super) fn transfers_stopped(&mut self) {
+        if let Some(t) = self.transfers.as_mut() {
+            t.forget_wants();
+        }
+        self.publish_waiting();
+    }
+
+    /// The STFs waiting for tokens, as a gauge.
+    pub(super) fn publish_waiting(&self) {
+        if let Some(t) = &self.transfers {
+            self.metrics
+                .set_level("stfs_waiting_for_tokens", t.waiting() as u64);
+        }
     }
 
     /// Ends every transfer under way that `which` picks, and hands its tokens on.
