@@ -28,6 +28,8 @@ pub struct Proc {
     /// Which process this is: a kill makes the next start a new one.
     pub gen: u64,
     pub frozen_until: Time,
+    /// When its current freeze began (a second freeze while frozen lengthens it).
+    pub frozen_since: Time,
     /// Which freeze: a thaw of an earlier one does nothing.
     pub freeze: u64,
     /// Events that reached it while frozen, in order.
@@ -210,10 +212,14 @@ impl World {
     /// while frozen lasts until the later of the two ends.
     pub fn freeze(&mut self, end: End, ms: u64) {
         let now = self.q.now();
-        let gen = self.proc(end).gen;
-        self.zk_silent(end, gen, Some(ms));
         let p = self.proc_mut(end);
+        if p.frozen_until <= now {
+            p.frozen_since = now;
+        }
         p.frozen_until = p.frozen_until.max(now + ms * MS);
+        let (gen, silent) = (p.gen, (p.frozen_since, p.frozen_until));
+        self.zk_silent(end, gen, Some(silent));
+        let p = self.proc_mut(end);
         p.freeze += 1;
         let (until, freeze) = (p.frozen_until, p.freeze);
         self.q.at(until, Ev::Thaw { end, freeze });

@@ -274,6 +274,30 @@ fn zookeeper_sessions_detect_frozen_and_killed_nodes() {
     assert!(e.contains("expire-session needs run.registry"), "{e}");
 }
 
+/// Two freezes that overlap are one silence: together longer than the session, it
+/// expires, as a real ZooKeeper's does; two apart, each shorter, it does not.
+#[test]
+fn overlapping_freezes_that_outlast_the_session_expire_it() {
+    let freeze = |at_ms, ms| Fault {
+        at_ms,
+        node: Peer::Epn(1),
+        kind: FaultKind::Freeze { ms },
+    };
+    let lost = |faults| {
+        let mut s = scenario(2, 3, 600, faults);
+        s.run.registry = fanin_node::config::Registry::ZooKeeper;
+        (s.run.zk_session_timeout_ms, s.run.lease_ms) = (600, 5000);
+        let o = simulate(&s).unwrap();
+        assert_eq!(violations(&o, Expect::ZeroLoss), Vec::<String>::new());
+        member(&o, "EPN 1", "lost")
+    };
+    // Silent from 200 to 900 ms.
+    let detail = lost(vec![freeze(200, 400), freeze(500, 400)]);
+    assert!(detail.is_some_and(|d| d.contains("znode is gone")));
+    // Silent 200-600 and 700-1100 ms.
+    assert_eq!(lost(vec![freeze(200, 400), freeze(700, 400)]), None);
+}
+
 /// One fault at 100 ms into a 2 x 3 run of 667 ms (lease 300 ms, 1 Gbit/s): its outcome.
 fn with(node: Peer, kind: FaultKind) -> Outcome {
     let mut s = scenario(

@@ -95,14 +95,18 @@ impl World {
         }
     }
 
-    /// Process `gen` of `end` died, or froze for `frozen_ms`: its session expires one
-    /// time-out later, unless it is back before.
-    pub fn zk_silent(&mut self, end: End, gen: u64, frozen_ms: Option<u64>) {
+    /// Process `gen` of `end` died, or is frozen from `since` to `until` (freezes that
+    /// overlap are one silence): its session expires one time-out after its silence
+    /// began, unless it is back before.
+    pub fn zk_silent(&mut self, end: End, gen: u64, frozen: Option<(Time, Time)>) {
         let Some(zk) = &self.zk else { return };
-        if frozen_ms.is_some_and(|ms| ms * MS < zk.timeout) {
-            return;
-        }
-        let at = self.q.now() + zk.timeout;
+        let since = match frozen {
+            Some((since, until)) if until - since < zk.timeout => return,
+            Some((since, _)) => since,
+            None => self.q.now(),
+        };
+        // (A silence whose session expired already: expiring it again does nothing.)
+        let at = (since + zk.timeout).max(self.q.now());
         self.q.at(at, Ev::ZkExpire { end, gen });
     }
 
