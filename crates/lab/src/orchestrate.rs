@@ -189,6 +189,9 @@ fn describe_testbed(n: &OnTestbed, iperf_seconds: u32) -> anyhow::Result<Option<
     if iperf_seconds == 0 {
         return Ok(None);
     }
+    // Measured on the links as they are made, not as a fault an interrupted run left
+    // them (a partition's filters, a slowed rate).
+    testbed::netfault::NetFaults::new(n.spec.clone(), &n.place, None).prepare()?;
     let (f, e) = (n.place.flps[0], n.place.epns[0]);
     let (f, e) = if f == e { (n.place.icn, e) } else { (f, e) };
     let m = testbed::iperf::measure(&n.spec, f, e, iperf_seconds)?;
