@@ -572,6 +572,22 @@ pub fn check_prepare(p: &fanin_proto::Prepare, buffer: (&str, u64)) -> anyhow::R
 mod tests {
     use super::*;
 
+    /// The ICN tells every FLP all EPNs in one frame: the largest run's, with the
+    /// longest addresses a socket address prints as, fits what a node reads.
+    #[test]
+    fn the_largest_epn_list_fits_what_a_node_reads() {
+        let addr = "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff%4294967295]:65535";
+        let addr = addr.parse::<std::net::SocketAddr>().unwrap().to_string();
+        assert_eq!(addr.len(), 58);
+        let list = (0..MAX_NODES).map(|epn_id| fanin_proto::EpnEntry {
+            epn_id,
+            addr: addr.clone(),
+        });
+        let frame = fanin_proto::Message::EpnList(list.collect()).encode();
+        let body = frame.len() - fanin_proto::HEADER_LEN;
+        assert!(body <= fanin_proto::MAX_ICN_BODY as usize, "{body} bytes");
+    }
+
     #[test]
     fn default_is_valid_and_counts_tfs() {
         let c = RunConfig::default().check().unwrap();

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::bail;
-use fanin_proto::{Message, NodeStats, Register, RejectCode, Role, MAX_CONTROL_BODY};
+use fanin_proto::{Message, NodeStats, Register, RejectCode, Role, MAX_CONTROL_BODY, MAX_ICN_BODY};
 use tokio::io::BufReader;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
@@ -219,7 +219,7 @@ pub async fn join(
     write_msg(&mut wr, &Message::Register(reg))
         .await
         .map_err(|e| anyhow::anyhow!("ICN {icn}: {e}"))?;
-    let answer = read_frame_within(&mut rd, MAX_CONTROL_BODY, Duration::from_secs(30)).await;
+    let answer = read_frame_within(&mut rd, MAX_ICN_BODY, Duration::from_secs(30)).await;
     let (me, run_id, resume) = match answer {
         Ok(Some(Message::RegisterAck {
             node_id,

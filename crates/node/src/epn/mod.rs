@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fanin_proto::{Message, Role, MAX_CONTROL_BODY};
+use fanin_proto::{Message, Role, MAX_ICN_BODY};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -493,7 +493,7 @@ async fn follow_icn(
 ) -> Ended {
     loop {
         let frame = tokio::select! {
-            f = read_frame(rd, MAX_CONTROL_BODY) => f,
+            f = read_frame(rd, MAX_ICN_BODY) => f,
             other = crate::join::leader_moved(leader.as_mut(), icn) => return Ended::NotLeader(other),
             // The build task ends early only when a sink cannot go on.
             r = &mut k.build_task.0 => return Ended::SinkFailed(match r {
@@ -530,7 +530,7 @@ async fn prerun(
     metrics: &Metrics,
 ) -> anyhow::Result<Option<fanin_proto::Prepare>> {
     loop {
-        match read_frame(rd, MAX_CONTROL_BODY).await? {
+        match read_frame(rd, MAX_ICN_BODY).await? {
             Some(Message::Prepare(p)) => return Ok(Some(p)),
             Some(Message::RunState { state, run_number }) => {
                 metrics.set_run_state(state, run_number)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fanin_proto::{EpnEntry, Message, Prepare, Role, Schedule, MAX_CONTROL_BODY};
+use fanin_proto::{EpnEntry, Message, Prepare, Role, Schedule, MAX_ICN_BODY};
 use fanin_sched::{EpnId, TfId};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -80,7 +80,7 @@ fn read_control(
     let (frames_tx, frames) = mpsc::channel(1024);
     let reader = AbortOnDrop(tokio::spawn(async move {
         loop {
-            let f = read_frame(&mut rd, MAX_CONTROL_BODY).await;
+            let f = read_frame(&mut rd, MAX_ICN_BODY).await;
             let end = !matches!(f, Ok(Some(_)));
             if frames_tx.send(f).await.is_err() || end {
                 return;
@@ -361,7 +361,7 @@ async fn prerun(
         if let (Some(p), Some(l)) = (&prep, &list) {
             return Ok(Some((p.clone(), l.clone())));
         }
-        match read_frame(&mut joined.rd, MAX_CONTROL_BODY).await? {
+        match read_frame(&mut joined.rd, MAX_ICN_BODY).await? {
             Some(Message::Prepare(p)) => prep = Some(p),
             Some(Message::EpnList(l)) => list = Some(l),
             Some(Message::RunState { state, run_number }) => {

@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use fanin_proto::{FrameHeader, Message, MsgType, HEADER_LEN, MAX_CONTROL_BODY};
+use fanin_proto::{FrameHeader, Message, MsgType, HEADER_LEN, MAX_ICN_BODY};
 use tokio::io::BufReader;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
@@ -54,7 +54,7 @@ pub async fn connect_watching(
             f => f,
         };
         match front {
-            Front::Whole(_) => match read_frame(rd, MAX_CONTROL_BODY).await {
+            Front::Whole(_) => match read_frame(rd, MAX_ICN_BODY).await {
                 Ok(Some(Message::RunState { state, run_number })) => {
                     metrics.set_run_state(state, run_number)
                 }
@@ -90,7 +90,7 @@ fn front(bytes: &[u8]) -> Front {
     if bytes.len() < HEADER_LEN {
         return Front::Partial;
     }
-    let Ok(h) = FrameHeader::decode(bytes, MAX_CONTROL_BODY) else {
+    let Ok(h) = FrameHeader::decode(bytes, MAX_ICN_BODY) else {
         return Front::Other; // the run loop reads it and names the fault
     };
     let whole = bytes.len() >= HEADER_LEN + h.length as usize;
