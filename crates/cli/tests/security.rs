@@ -298,3 +298,37 @@ fn a_fresh_flp_meeting_a_frozen_epn_joins_again_instead_of_giving_up() {
         let _ = p.wait(30);
     }
 }
+
+/// An ICN of another protocol version: the node says so and ends at once, instead of
+/// taking it for an ICN not up yet and trying again for its whole connect time-out.
+#[test]
+fn a_node_meeting_another_protocol_version_says_so_and_ends() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for c in listener.incoming() {
+            let Ok(mut c) = c else { return };
+            let mut frame = Message::Challenge { nonce: [7; 16] }.encode();
+            frame[4] = fanin_proto::VERSION + 1;
+            let _ = c.write_all(&frame);
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    });
+    let icn = addr.to_string();
+    let flp = Proc::spawn(
+        "FLP",
+        fanin()
+            .args([
+                "flp",
+                "--icn",
+                &icn,
+                "--id",
+                "0",
+                "--connect-timeout",
+                "120",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped()),
+    );
+    refused(flp, "same protocol version");
+}

@@ -5,7 +5,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::bail;
-use fanin_proto::{Message, NodeStats, Register, RejectCode, Role, MAX_CONTROL_BODY, MAX_ICN_BODY};
+use fanin_proto::{
+    DecodeError, Message, NodeStats, Register, RejectCode, Role, MAX_CONTROL_BODY, MAX_ICN_BODY,
+};
 use tokio::io::BufReader;
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
@@ -170,6 +172,9 @@ pub enum JoinError {
         code: RejectCode,
         reason: String,
     },
+    /// The ICN speaks another protocol (version or magic): final.
+    #[error("{0}")]
+    Foreign(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -179,6 +184,7 @@ impl JoinError {
     pub fn transient(&self) -> bool {
         match self {
             JoinError::Refused { code, .. } => code.transient(),
+            JoinError::Foreign(_) => false,
             JoinError::Other(_) => true,
         }
     }
@@ -206,6 +212,12 @@ pub async fn join(
         Ok(Some(Message::Challenge { nonce })) => nonce,
         Ok(other) => {
             return Err(anyhow::anyhow!("ICN {icn}: expected Challenge, got {other:?}").into())
+        }
+        // Another build of fanin (or not fanin): trying again will not help.
+        Err(e @ ConnError::Decode(DecodeError::Version { .. } | DecodeError::BadMagic(_))) => {
+            return Err(JoinError::Foreign(format!(
+                "ICN {icn}: {e} (a node and its ICN must speak the same protocol version)"
+            )))
         }
         Err(e) => return Err(anyhow::anyhow!("ICN {icn}: {e}").into()),
     };
