@@ -89,6 +89,8 @@ impl ExecSink {
             .args(["-c", &self.cmd])
             // Its own process group: stopping it stops what it started.
             .process_group(0)
+            // The run secret is the node's, not the command's.
+            .env_remove(crate::auth::SECRET_ENV)
             .env("FANIN_EPN_ID", self.epn.to_string())
             .env("FANIN_RUN_ID", self.run_id.to_string())
             .stdin(Stdio::piped())

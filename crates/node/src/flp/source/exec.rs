@@ -34,6 +34,8 @@ impl Exec {
         let mut child = Command::new("sh")
             .arg("-c")
             .arg(cmd)
+            // The run secret is the node's, not the command's.
+            .env_remove(crate::auth::SECRET_ENV)
             .env("FANIN_FLP_ID", me.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
