@@ -214,6 +214,10 @@ fn bad_configuration_values_name_their_field() {
         ),
         ("[run]\ndrain_timeout_ms = 9223372036854775807\n", "drain_timeout_ms"),
         (
+            "[run]\nflps = 4\nstf_size = \"64MiB\"\nepn_buffer = \"256MiB\"\npolicy = \"least-loaded\"\n",
+            "cannot take the largest TF under least-loaded",
+        ),
+        (
             "[run]\n[testbed]\nname = \"pi-cluster\"\ncontrol = \"air\"\nicn = 1\nflps = [1, 2]\nepns = [3]\n",
             "air",
         ),

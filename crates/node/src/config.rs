@@ -212,6 +212,7 @@ impl RunConfig {
         )?;
         let flp_buffer = buffer("flp_buffer", self.flp_buffer, stf_size)?;
         let epn_buffer = buffer("epn_buffer", self.epn_buffer, stf_size)?;
+        self.check_largest_tf_fits(epn_buffer, stf_size)?;
         in_range("build_timeout_ms", self.build_timeout_ms, 1, 3_600_000, "")?;
         if let Some(d) = self.drain_timeout_ms {
             // The default (2 x build_timeout_ms + 2 s) may reach this too.
@@ -259,6 +260,26 @@ impl RunConfig {
         self.least_loaded
             .check()
             .map_err(|(field, why)| field_err(field, why))
+    }
+
+    /// Least-loaded places a TF on an EPN with `headroom_percent` of its size free: an
+    /// EPN buffer that cannot hold the largest TF so would never take it (every such TF
+    /// would wait, or drop, for good).
+    fn check_largest_tf_fits(&self, epn_buffer: u64, size: StfSize) -> anyhow::Result<()> {
+        if self.policy != PolicyKind::LeastLoaded {
+            return Ok(());
+        }
+        let headroom = self.least_loaded.headroom_percent as u128;
+        let need = (self.flps as u128 * size.max() as u128 * headroom).div_ceil(100);
+        if need <= epn_buffer as u128 {
+            return Ok(());
+        }
+        let why = format!(
+            "{epn_buffer} bytes cannot take the largest TF under least-loaded: {} FLPs x {} bytes x {headroom} % headroom = {need} bytes",
+            self.flps,
+            size.max()
+        );
+        Err(field_err("epn_buffer", why))
     }
 
     fn check_membership(&self) -> anyhow::Result<()> {
