@@ -106,8 +106,9 @@ struct IcnArgs {
     /// Print PROGRESS lines on stdout.
     #[arg(long)]
     progress: bool,
-    /// Run id (default: derived from the clock).
-    #[arg(long)]
+    /// Run id, at least 1 (default: derived from the clock); 0 marks a ring's STFs as
+    /// scheduled by no run.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     run_id: Option<u64>,
     /// Wait as a standby (`--registry zk://HOST:PORT/PATH`: the ICN is elected there; a
     /// second ICN started with the same registry is a standby that takes over when the

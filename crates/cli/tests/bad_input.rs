@@ -259,6 +259,7 @@ fn bad_flags_name_themselves() {
     let epn = ["epn", "--icn", "127.0.0.1:1", "--control-bind", "192.0.2.9"];
     one_line_error(&epn, &["--control-bind", "not an address of this host"]);
     one_line_error(&["icn", "--reassign", "perhaps"], &["--reassign"]);
+    one_line_error(&["icn", "--run-id", "0"], &["--run-id"]);
     one_line_error(&["icn", "--registry", "zookeeper"], &["zk://"]);
     one_line_error(
         &["icn", "--results-dir", "/etc/passwd/r"],

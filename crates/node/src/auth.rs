@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use fanin_proto::{Nonce, Proof, Register};
+use fanin_proto::{Nonce, Proof, Register, Role};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
@@ -84,11 +84,21 @@ impl Secret {
         self.0.is_empty()
     }
 
-    /// A node without a secret says so once (`who` and what a stranger may then do).
-    pub fn warn_if_none(&self, who: &str, risk: &str) {
-        if self.is_empty() {
-            tracing::warn!("{who}: no run secret (--secret-file or FANIN_SECRET): {risk}");
+    /// A node without a secret says so, once per process, when it first joined a run
+    /// (after any error of its start-up: those stay one line).
+    pub fn warn_if_none(&self, role: Role) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        if !self.is_empty() {
+            return;
         }
+        let risk = match role {
+            Role::Epn => "any process that reaches its data port can send it STFs",
+            _ => "nothing proves its ICN and EPNs are the run's",
+        };
+        let who = role.name();
+        SAID.call_once(|| {
+            tracing::warn!("{who}: no run secret (--secret-file or FANIN_SECRET): {risk}")
+        });
     }
 
     /// The run-control token (`Authorization: Bearer TOKEN` on the ICN's HTTP API):

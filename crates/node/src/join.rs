@@ -237,7 +237,10 @@ pub async fn join(
             node_id,
             run_id,
             resume,
-        })) => (node_id, run_id, resume),
+        })) => {
+            spec.secret.warn_if_none(role);
+            (node_id, run_id, resume)
+        }
         Ok(Some(Message::Reject { code, reason })) => {
             return Err(JoinError::Refused {
                 icn,

@@ -77,8 +77,6 @@ pub const SINK_STOP_TIMEOUT_S: f64 = 60.0;
 /// Runs the EPN; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id with a fresh build state.
 pub async fn run(opts: EpnOptions) -> anyhow::Result<()> {
-    let risk = "any process that reaches its data port can send it STFs";
-    opts.secret.warn_if_none("EPN", risk);
     let (metrics, reg) = node_setup(
         Role::Epn,
         (opts.id, &[("--control-bind", opts.control_bind)]),

@@ -98,8 +98,6 @@ const TAKE_BYTES: u64 = 8 << 20;
 /// Runs the FLP; if it loses the ICN mid-run (its lease expired, the ICN restarted),
 /// it joins again under the same id.
 pub async fn run(opts: FlpOptions) -> anyhow::Result<()> {
-    let risk = "nothing proves its ICN and EPNs are the run's";
-    opts.secret.warn_if_none("FLP", risk);
     let binds = [
         ("--control-bind", opts.control_bind),
         ("--data-bind", opts.data_bind),

@@ -492,10 +492,12 @@ fn next_free_run(dir: &Path) -> u64 {
 fn run_number(query: &str) -> Result<Option<u64>, String> {
     for kv in query.split('&') {
         if let Some(v) = kv.strip_prefix("run=") {
-            return v
-                .parse()
-                .map(Some)
-                .map_err(|_| format!("configure: run number {v:?} is not a number"));
+            return match v.parse() {
+                // Run 0 would mark a ring's STFs as scheduled by no run.
+                Ok(0) => Err("configure: run numbers start at 1".into()),
+                Ok(n) => Ok(Some(n)),
+                Err(_) => Err(format!("configure: run number {v:?} is not a number")),
+            };
         }
     }
     Ok(None)
