@@ -109,5 +109,7 @@ class Writer:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        """Closes the ring; after an exception without waiting for the FLP."""
-        self.close(wait_empty=exc_type is None)
+        """Closes the ring. After an exception it neither waits for the FLP nor removes
+        the ring: the STFs still in it stay for an FLP that attaches again."""
+        ok = exc_type is None
+        self.close(wait_empty=ok, unlink=ok)

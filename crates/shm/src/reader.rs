@@ -6,7 +6,7 @@ use std::fs::OpenOptions;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::layout::{ring_path, Mapping, RingError, FREE, READY};
+use crate::layout::{ring_path, Mapping, RingError, FREE, READY, WRITING};
 
 /// One STF in the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +92,16 @@ impl Reader {
             return Ok(None); // an older STF not freed yet: the writer waits for it
         }
         self.check(&s)?;
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         Ok(Some(s))
+    }
+
+    /// The writer is inside the next STF (its slot WRITING): if that lasts, the read-out
+    /// stopped or died in the middle of it.
+    pub fn inside_next(&self) -> Option<(u64, u64)> {
+        let i = self.next_seq % self.ring.slots;
+        let writing = self.ring.state(i).load(Ordering::Acquire) == WRITING;
+        (self.backlog.is_empty() && writing).then_some((i, self.next_seq))
     }
 
     /// The writer closed the ring and every STF it wrote was handed out.
@@ -136,13 +144,16 @@ impl Reader {
     /// names the STF's `seq` too, written last: a mark half made, or left by a reader
     /// that did not clear it, never counts for another STF. Run 0 marks nothing.
     pub fn mark_scheduled(&self, s: &Slot, run: u64) {
+        let Some(mark) = s.seq.checked_add(1) else {
+            return;
+        };
         if run != 0 && self.ring.seq(s.index).load(Ordering::Acquire) == s.seq {
             self.ring
                 .scheduled_run(s.index)
                 .store(run, Ordering::Release);
             self.ring
                 .scheduled_seq(s.index)
-                .store(s.seq + 1, Ordering::Release);
+                .store(mark, Ordering::Release);
         }
     }
 
@@ -185,7 +196,9 @@ fn slot(ring: &Mapping, i: u64) -> Slot {
         seq,
         tf_id: ring.tf_id(i).load(Ordering::Acquire),
         size: ring.size(i).load(Ordering::Acquire),
-        scheduled_run: match ring.scheduled_seq(i).load(Ordering::Acquire) == seq + 1 {
+        scheduled_run: match Some(ring.scheduled_seq(i).load(Ordering::Acquire))
+            == seq.checked_add(1)
+        {
             true => ring.scheduled_run(i).load(Ordering::Acquire),
             false => 0,
         },

@@ -4,11 +4,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use fanin_proto::StfInfo;
 use fanin_sched::TfId;
 use fanin_shm::{Reader, Slot};
 
-use super::{Event, Payload, Produced, SourceError};
+use super::{Event, Payload, Produced, SourceError, STALL_LIMIT};
 
 /// How often an empty ring is looked at again (announcements batch what came meanwhile).
 const POLL: Duration = Duration::from_millis(1);
@@ -23,8 +25,10 @@ pub struct Shm {
     what: String,
     /// The run this FLP serves (marked in the slots it schedules).
     run_id: u64,
-    /// STFs an earlier run scheduled, found and freed at attach.
+    /// STFs an earlier run scheduled, found and freed (at attach, or as they came).
     pub freed_at_attach: u64,
+    /// Since when the writer has been inside the next STF (its slot WRITING).
+    inside_since: Option<(u64, Instant)>,
 }
 
 impl Shm {
@@ -42,6 +46,7 @@ impl Shm {
             what,
             run_id,
             freed_at_attach,
+            inside_since: None,
         })
     }
 
@@ -57,11 +62,19 @@ impl Shm {
                 break s;
             }
             match self.reader.poll() {
+                // Another run scheduled it (that FLP died before its Release): counted
+                // in that run, it must not be built again.
+                Ok(Some(s)) if s.scheduled_run != 0 && s.scheduled_run != self.run_id => {
+                    self.freed_at_attach += u64::from(self.reader.free(&s));
+                }
                 Ok(Some(s)) => self.pending = Some(self.check(s)?),
                 Ok(None) if self.reader.ended() => {
                     return Ok(Event::Ended("the read-out closed the ring".into()))
                 }
-                Ok(None) => tokio::time::sleep(POLL).await,
+                Ok(None) => {
+                    self.stalled_inside()?;
+                    tokio::time::sleep(POLL).await
+                }
                 Err(e) => return Err(SourceError(format!("{}: {e}", self.what))),
             }
         };
@@ -78,6 +91,26 @@ impl Shm {
             },
             payload: Payload::Shared(self.reader.payload(&s)),
         }))
+    }
+
+    /// A writer inside the same STF for `STALL_LIMIT` stopped or died there: an error
+    /// (an empty ring is only a quiet read-out).
+    fn stalled_inside(&mut self) -> Result<(), SourceError> {
+        let Some((i, seq)) = self.reader.inside_next() else {
+            self.inside_since = None;
+            return Ok(());
+        };
+        let since = match self.inside_since {
+            Some((s, at)) if s == seq => at,
+            _ => self.inside_since.insert((seq, Instant::now())).1,
+        };
+        if since.elapsed() < STALL_LIMIT {
+            return Ok(());
+        }
+        Err(SourceError(format!(
+            "{}: slot {i}: state: the read-out has been writing STF {seq} for {STALL_LIMIT:?} (stopped or died inside it)",
+            self.what
+        )))
     }
 
     fn check(&self, s: Slot) -> Result<Slot, SourceError> {
@@ -97,5 +130,32 @@ impl Shm {
                 tracing::error!("{what}: slot {i} no longer holds TF {tf}: left as it is");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read-out that died inside an STF leaves its slot WRITING: after `STALL_LIMIT`
+    /// the source fails, naming the slot, instead of waiting for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_out_that_died_inside_an_stf_is_a_stall() {
+        let name = format!("fanin-test-stall-{}", std::process::id());
+        let mut w = fanin_shm::Writer::create(&name, 2, 4096).unwrap();
+        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            w.write_with(1, 10, false, |_| panic!("the read-out dies inside TF 1"))
+        }));
+        assert!(died.is_err());
+        let mut s = Shm::attach(&name, "FLP 0: source shm".into(), 1).unwrap();
+        let t0 = Instant::now();
+        let e = s.next(1 << 20).await.err().expect("a stall");
+        assert!(
+            e.0.contains("slot 0: state") && e.0.contains("STF 0"),
+            "{}",
+            e.0
+        );
+        assert!(t0.elapsed() >= STALL_LIMIT);
+        w.unlink().unwrap();
     }
 }
