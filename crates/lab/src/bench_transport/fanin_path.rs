@@ -1,5 +1,5 @@
 //! fanin's own data path as a transport peer: the FLP's sender (DataHello, STF frames of
-//! the run's synthetic pattern, a CRC32C per STF for `fanin-crc`) and the EPN's receiver (the
+//! one block-sized buffer, a CRC32C per STF for `fanin-crc`) and the EPN's receiver (the
 //! handshake, header checks, pooled buffers inside the byte budget, the CRC check).
 
 use std::sync::Arc;
@@ -39,6 +39,10 @@ async fn send(a: &PeerArgs) -> anyhow::Result<PeerReport> {
     let window = flp_window(a.block);
     let (tx, rx) = mpsc::channel(window);
     let (done_tx, mut done) = mpsc::channel(window);
+    // One block-sized buffer sent again and again, as every peer and iperf3 send theirs
+    // (the FLP's synthetic pattern of 256 KiB would stay in the cache where a large
+    // block does not).
+    let block = bytes::Bytes::from(super::peer::block_bytes(a.block));
     let span = Span::start();
     tokio::spawn(send_loop(ctx, 0, stream, rx, done_tx));
     let out = |tf| Outgoing {
@@ -48,7 +52,7 @@ async fn send(a: &PeerArgs) -> anyhow::Result<PeerReport> {
             len: a.block,
             queue: 0,
         },
-        payload: Payload::Synthetic,
+        payload: Payload::Owned(block.clone()),
         crc: None,
     };
     let (mut next, mut ok) = (0, 0);

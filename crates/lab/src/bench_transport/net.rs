@@ -169,7 +169,8 @@ fn command(ns: &Option<String>, program: &std::path::Path) -> Command {
     }
 }
 
-/// The medians of `repeat` measurements; a failed one gives NaN and its error as note.
+/// The medians of `repeat` measurements; a failed one makes the row not measured (NaN,
+/// its error as note): a median of fewer runs than asked is not the row's.
 pub fn measure_median(p: &Place, t: Transport, block: u64, blocks: u64, repeat: usize) -> Row {
     let mut runs = Vec::new();
     let mut note = String::new();
@@ -182,10 +183,13 @@ pub fn measure_median(p: &Place, t: Transport, block: u64, blocks: u64, repeat: 
             }
         }
     }
+    if !note.is_empty() {
+        runs.clear();
+    }
     let median = |f: fn(&(f64, f64, f64)) -> f64| {
         let mut v: Vec<f64> = runs.iter().map(f).collect();
         v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        fanin_report::median(&v)
     };
     Row {
         net: NetKind::Loopback,
