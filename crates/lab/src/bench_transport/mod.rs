@@ -38,7 +38,7 @@ pub enum Tuning {
 
 #[derive(Args)]
 pub struct TransportBenchArgs {
-    /// About a minute: loopback, untuned, 4 block sizes, 256 MiB per measurement.
+    /// A few seconds: loopback, untuned, 4 block sizes, 256 MiB per measurement.
     #[arg(long)]
     pub quick: bool,
     /// Block sizes (default: 4 KiB to 64 MiB in powers of 4, and 50 MB).
