@@ -214,8 +214,8 @@ fn bad_configuration_values_name_their_field() {
         ),
         ("[run]\ndrain_timeout_ms = 9223372036854775807\n", "drain_timeout_ms"),
         (
-            "[run]\nflps = 4\nstf_size = \"64MiB\"\nepn_buffer = \"256MiB\"\npolicy = \"least-loaded\"\n",
-            "cannot take the largest TF under least-loaded",
+            "[run]\nflps = 4\nstf_size = \"64MiB\"\nepn_buffer = \"256MiB\"\npolicy = \"least-loaded\"\nleast_loaded = { when_none_ready = \"wait\" }\n",
+            "cannot take the largest TF, which would wait for good",
         ),
         (
             "[run]\n[testbed]\nname = \"pi-cluster\"\ncontrol = \"air\"\nicn = 1\nflps = [1, 2]\nepns = [3]\n",

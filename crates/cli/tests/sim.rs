@@ -90,15 +90,13 @@ fn the_flow_and_nodes_models_write_identical_files_twice() {
     std::fs::write(&flow, "model = \"flow\"\npolicies = [\"round-robin\", \"least-loaded\"]\n[alice]\nflps = 4\nepns = 8\nduration_s = 0.2\ndrain_s = 1.0\n").unwrap();
     let nodes =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/nodes-epn-crash.toml");
-    for (exp, table) in [
-        (flow.as_path(), "table.csv"),
-        (nodes.as_path(), "summary.json"),
+    for (model, exp, table) in [
+        ("flow", flow.as_path(), "table.csv"),
+        ("nodes", nodes.as_path(), "summary.json"),
     ] {
         let outs: Vec<_> = (0..2)
             .map(|i| {
-                let root = dir
-                    .path()
-                    .join(format!("{}-{i}", exp.display().to_string().len()));
+                let root = dir.path().join(format!("{model}-{i}"));
                 let (ok, err) = sim(exp, &root, false);
                 assert!(ok, "{}: {err}", exp.display());
                 files(&root)

@@ -262,11 +262,12 @@ impl RunConfig {
             .map_err(|(field, why)| field_err(field, why))
     }
 
-    /// Least-loaded places a TF on an EPN with `headroom_percent` of its size free: an
-    /// EPN buffer that cannot hold the largest TF so would never take it (every such TF
-    /// would wait, or drop, for good).
+    /// Least-loaded places a TF on an EPN with `headroom_percent` of its size free: with
+    /// `when_none_ready = "wait"`, a TF no EPN buffer can so take would wait for good, and
+    /// every TF after it. (With "drop" it is dropped, `no_epn_buffer`: accounted.)
     fn check_largest_tf_fits(&self, epn_buffer: u64, size: StfSize) -> anyhow::Result<()> {
-        if self.policy != PolicyKind::LeastLoaded {
+        let waits = self.least_loaded.when_none_ready == fanin_sched::policy::WhenNoneReady::Wait;
+        if self.policy != PolicyKind::LeastLoaded || !waits {
             return Ok(());
         }
         let headroom = self.least_loaded.headroom_percent as u128;
@@ -275,7 +276,7 @@ impl RunConfig {
             return Ok(());
         }
         let why = format!(
-            "{epn_buffer} bytes cannot take the largest TF under least-loaded: {} FLPs x {} bytes x {headroom} % headroom = {need} bytes",
+            "{epn_buffer} bytes cannot take the largest TF, which would wait for good under least-loaded: {} FLPs x {} bytes x {headroom} % headroom = {need} bytes",
             self.flps,
             size.max()
         );

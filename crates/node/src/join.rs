@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::bail;
 use fanin_proto::{
-    DecodeError, Message, NodeStats, Register, RejectCode, Role, MAX_CONTROL_BODY, MAX_ICN_BODY,
+    DecodeError, Message, NodeStats, Nonce, Register, RejectCode, Role, MAX_CONTROL_BODY,
+    MAX_ICN_BODY,
 };
 use tokio::io::BufReader;
 use tokio::net::tcp::OwnedReadHalf;
@@ -190,6 +191,21 @@ impl JoinError {
     }
 }
 
+/// The ICN's first frame, its Challenge: the nonce to prove the run secret on.
+async fn challenge(rd: &mut BufReader<OwnedReadHalf>, icn: SocketAddr) -> Result<Nonce, JoinError> {
+    match read_frame_within(rd, MAX_CONTROL_BODY, HANDSHAKE_WITHIN).await {
+        Ok(Some(Message::Challenge { nonce })) => Ok(nonce),
+        Ok(other) => Err(anyhow::anyhow!("ICN {icn}: expected Challenge, got {other:?}").into()),
+        // Another build of fanin (or not fanin): trying again will not help.
+        Err(e @ ConnError::Decode(DecodeError::Version { .. } | DecodeError::BadMagic(_))) => {
+            Err(JoinError::Foreign(format!(
+                "ICN {icn}: {e} (a node and its ICN must speak the same protocol version)"
+            )))
+        }
+        Err(e) => Err(anyhow::anyhow!("ICN {icn}: {e}").into()),
+    }
+}
+
 /// Connects to the ICN, answers its challenge and registers. `data_addr` is computed
 /// from the connected control socket (an EPN bound to 0.0.0.0 announces the address it
 /// reaches the ICN from).
@@ -208,19 +224,7 @@ pub async fn join(
     let local = ctl.local_addr().map_err(anyhow::Error::from)?;
     let (rd, mut wr) = ctl.into_split();
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
-    let nonce = match read_frame_within(&mut rd, MAX_CONTROL_BODY, HANDSHAKE_WITHIN).await {
-        Ok(Some(Message::Challenge { nonce })) => nonce,
-        Ok(other) => {
-            return Err(anyhow::anyhow!("ICN {icn}: expected Challenge, got {other:?}").into())
-        }
-        // Another build of fanin (or not fanin): trying again will not help.
-        Err(e @ ConnError::Decode(DecodeError::Version { .. } | DecodeError::BadMagic(_))) => {
-            return Err(JoinError::Foreign(format!(
-                "ICN {icn}: {e} (a node and its ICN must speak the same protocol version)"
-            )))
-        }
-        Err(e) => return Err(anyhow::anyhow!("ICN {icn}: {e}").into()),
-    };
+    let nonce = challenge(&mut rd, icn).await?;
     let mut reg = Register {
         role,
         node_id: id,

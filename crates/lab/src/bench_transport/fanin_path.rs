@@ -43,6 +43,9 @@ async fn send(a: &PeerArgs) -> anyhow::Result<PeerReport> {
     // (the FLP's synthetic pattern of 256 KiB would stay in the cache where a large
     // block does not).
     let block = bytes::Bytes::from(super::peer::block_bytes(a.block));
+    // fanin-crc: the CRC32C of each STF, made as an FLP makes it for a source's bytes
+    // (per STF, on the sending side).
+    let crc_on = a.transport == Transport::FaninCrc;
     let span = Span::start();
     tokio::spawn(send_loop(ctx, 0, stream, rx, done_tx));
     let out = |tf| Outgoing {
@@ -53,7 +56,7 @@ async fn send(a: &PeerArgs) -> anyhow::Result<PeerReport> {
             queue: 0,
         },
         payload: Payload::Owned(block.clone()),
-        crc: None,
+        crc: crc_on.then(|| crc32c::crc32c(&block)),
     };
     let (mut next, mut ok) = (0, 0);
     while ok < a.blocks {

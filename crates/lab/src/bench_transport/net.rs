@@ -178,13 +178,16 @@ pub fn measure_median(p: &Place, t: Transport, block: u64, blocks: u64, repeat: 
         match measure_once(p, t, block, blocks) {
             Ok(m) => runs.push(m),
             Err(e) => {
-                note = format!("{e:#}").lines().next().unwrap_or("").to_string();
+                let line = format!("{e:#}").lines().next().unwrap_or("").to_string();
+                note = if line.is_empty() {
+                    "failed".into()
+                } else {
+                    line
+                };
+                runs.clear();
                 break;
             }
         }
-    }
-    if !note.is_empty() {
-        runs.clear();
     }
     let median = |f: fn(&(f64, f64, f64)) -> f64| {
         let mut v: Vec<f64> = runs.iter().map(f).collect();

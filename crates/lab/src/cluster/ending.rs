@@ -49,6 +49,13 @@ pub(super) async fn reap_nodes(
     (exit_wait, ended, outside): (Duration, bool, BTreeSet<String>),
 ) {
     let mut nodes = nodes.lock().await;
+    if ended && !outside.is_empty() {
+        // What they hold goes on if they can hand it on quickly (a healed EPN's sinks).
+        let until = tokio::time::Instant::now() + OUTSIDE_GRACE;
+        for n in nodes.iter_mut().filter(|n| outside.contains(&n.name)) {
+            let _ = tokio::time::timeout_at(until, n.child.wait()).await;
+        }
+    }
     // Their end by SIGTERM is no news; one that failed by itself meanwhile still says why.
     let mut told = BTreeSet::new();
     for n in nodes.iter_mut().filter(|n| n.name != "ICN") {
@@ -100,13 +107,17 @@ pub(super) fn outside_the_run(
     }
 }
 
-/// `outside_the_run` on the summary's membership events (times since `start_unix_us`).
+/// `outside_the_run` on the summary's membership events (times since `start_unix_us`);
+/// none when the ICN kept only the first `MAX_EVENTS` (a node's last word may be lost).
 fn outside(
     membership: &[MemberEvent],
     start_unix_us: u64,
     injected: &[Injected],
     took_over: bool,
 ) -> BTreeSet<String> {
+    if membership.len() >= fanin_node::icn::core::MAX_EVENTS {
+        return BTreeSet::new();
+    }
     let at_us = |t_s: f64| start_unix_us.saturating_add((t_s * 1e6) as u64);
     let names = membership.iter().map(|m| m.node.as_str());
     let names: BTreeSet<&str> = names
@@ -142,6 +153,10 @@ fn left_dead(i: &Injected) -> bool {
 fn by_sigterm(st: &ExitStatus) -> bool {
     std::os::unix::process::ExitStatusExt::signal(st) == Some(libc::SIGTERM)
 }
+
+/// How long nodes the ended run's stop cannot reach have to end by themselves, together,
+/// before they are told to stop.
+const OUTSIDE_GRACE: Duration = Duration::from_secs(3);
 
 /// How long nodes told to stop after a failed ICN have, together.
 const FAILED_ICN_WAIT: Duration = Duration::from_secs(5);

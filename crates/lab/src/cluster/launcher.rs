@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use fanin_node::config::Registry;
-use fanin_node::icn::run_state::RUN_START_FILE;
 use fanin_node::registry::zk_server::{ZkServer, ZkServerOptions};
 use fanin_node::{RunConfig, Summary};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -98,7 +97,7 @@ impl<'a> Launcher<'a> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         // Nodes run in the run's directory (relative sink paths land there).
         let dir = &std::path::absolute(dir)?;
-        clear_results(dir)?;
+        clear_results(dir, cfg.registry == Registry::Embedded)?;
         let cfg_path = dir.join("config.toml");
         std::fs::write(&cfg_path, toml::to_string(cfg)?)?;
         let icn_host = net.map(|n| n.place.icn).unwrap_or(0);
@@ -426,10 +425,14 @@ pub(super) fn last_line(p: &Path) -> String {
 }
 
 /// Removes what an earlier run left in `dir` (a replayed chaos case, a reused
-/// `--results` path): its summary would be read as this run's if this one wrote none.
-fn clear_results(dir: &Path) -> anyhow::Result<()> {
-    let files = [Summary::JSON_FILE, Summary::CSV_FILE, RUN_START_FILE];
-    for f in files.into_iter().chain(["faults.json", "report.html"]) {
+/// `--results` path): the lab's own files, and without a registry (`embedded`) the
+/// summary, which would be read as this run's if this one wrote none. With a registry
+/// the ICN decides: a fresh run removes them itself, a run taken over needs them.
+fn clear_results(dir: &Path, embedded: bool) -> anyhow::Result<()> {
+    let summary = [Summary::JSON_FILE, Summary::CSV_FILE]
+        .into_iter()
+        .filter(|_| embedded);
+    for f in summary.chain(["faults.json", "report.html"]) {
         match std::fs::remove_file(dir.join(f)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("removing {}", dir.join(f).display()))
@@ -446,21 +449,28 @@ mod tests {
 
     #[test]
     fn an_earlier_runs_results_are_cleared_and_the_rest_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let files = [
-            Summary::JSON_FILE,
-            Summary::CSV_FILE,
-            "faults.json",
-            "epn-0.log",
-        ];
-        for f in files {
-            std::fs::write(dir.path().join(f), "old").unwrap();
-        }
-        clear_results(dir.path()).unwrap();
-        let left: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert_eq!(left, ["epn-0.log"]);
+        let left = |embedded| {
+            let dir = tempfile::tempdir().unwrap();
+            let files = [
+                Summary::JSON_FILE,
+                Summary::CSV_FILE,
+                "faults.json",
+                "epn-0.log",
+            ];
+            for f in files {
+                std::fs::write(dir.path().join(f), "old").unwrap();
+            }
+            clear_results(dir.path(), embedded).unwrap();
+            let mut left: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            left.sort();
+            left
+        };
+        assert_eq!(left(true), ["epn-0.log"]);
+        // With a registry the ICN decides what an earlier run's summary means.
+        let kept = ["epn-0.log", Summary::CSV_FILE, Summary::JSON_FILE];
+        assert_eq!(left(false), kept);
     }
 }

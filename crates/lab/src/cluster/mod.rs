@@ -61,6 +61,7 @@ pub async fn run_on(
     let nodes: Nodes = Arc::new(tokio::sync::Mutex::new(procs));
     let mut watch = Watch {
         heard: Arc::new(std::sync::Mutex::new(tokio::time::Instant::now())),
+        last_progress: None,
         planned,
         net_faults,
         nodes: nodes.clone(),
@@ -157,7 +158,8 @@ fn progress_bar(checked: &Checked, prefix: &str) -> ProgressBar {
 
 /// When the launcher gives up on a run: after its whole length (and that again for a
 /// standby's take-over), or, for a run whose length is its TFs alone (unthrottled),
-/// once the ICN said nothing for as long as a pre-run and a drain take.
+/// once the ICN reported no progress (no TF issued or ended, no other line) for as long
+/// as a pre-run and a drain take.
 fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Limit {
     let prerun = Duration::from_secs_f64(cfg.prerun_timeout_s);
     let quiet = prerun + checked.drain_timeout() + Duration::from_secs(60);
@@ -179,7 +181,8 @@ fn time_limit(cfg: &RunConfig, checked: &Checked, icn_fault: bool) -> Limit {
 #[derive(Debug, Clone, Copy)]
 enum Limit {
     Total(Duration),
-    /// Without a line from the ICN (its progress lines come 4 times a second).
+    /// Without news from the ICN (its progress lines come 4 times a second; one that
+    /// counts what the last one counted is none).
     Quiet(Duration),
 }
 
@@ -203,7 +206,7 @@ impl std::fmt::Display for Limit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Limit::Total(d) => write!(f, "not within {d:?}"),
-            Limit::Quiet(d) => write!(f, "the ICN said nothing for {d:?}"),
+            Limit::Quiet(d) => write!(f, "the ICN reported no progress for {d:?}"),
         }
     }
 }
@@ -220,8 +223,9 @@ pub(crate) struct Takeover {
 /// Follows a run from the launcher's side: the ICN's lines, faults started with the run,
 /// a standby's take-over, the progress bar.
 struct Watch {
-    /// When the ICN (or the standby) last said something.
+    /// When the ICN (or the standby) last said something new, and its last progress.
     heard: Arc<std::sync::Mutex<tokio::time::Instant>>,
+    last_progress: Option<(u64, u64)>,
     planned: Vec<Planned>,
     net_faults: Option<Arc<NetFaults>>,
     nodes: Nodes,
@@ -258,7 +262,8 @@ impl Watch {
                 tokio::select! {
                     l = from_standby => l,
                     true = interrupted => {
-                        self.stop_icns(true).await;
+                        let elected = self.takeover.elected_unix_us.is_some();
+                        self.stop_icns(elected).await;
                         continue;
                     }
                 }
@@ -295,8 +300,9 @@ impl Watch {
         }
     }
 
-    /// Asks the ICN to stop issuing and drain, and the standby once it leads (`elected`;
-    /// before, it may still be the one that ends the run): the leader writes the summary.
+    /// Asks the ICN to stop issuing and drain, and the standby once it was elected
+    /// (before, it is the one that may still end the run: a second Ctrl-C reaches it
+    /// then): the leader writes the summary.
     async fn stop_icns(&mut self, elected: bool) {
         let nodes = self.nodes.lock().await;
         for n in nodes.iter().filter(|n| n.name == "ICN") {
@@ -318,7 +324,16 @@ impl Watch {
     }
 
     fn on_line(&mut self, line: IcnLine, on_standby: bool) {
-        *self.heard.lock().expect("heard lock") = tokio::time::Instant::now();
+        // Heard: anything but a progress line that says what the last one said.
+        let news = match line {
+            IcnLine::Progress { issued, ended, .. } => {
+                self.last_progress.replace((issued, ended)) != Some((issued, ended))
+            }
+            _ => true,
+        };
+        if news {
+            *self.heard.lock().expect("heard lock") = tokio::time::Instant::now();
+        }
         match line {
             IcnLine::Listening { .. } if on_standby => {
                 self.takeover.elected_unix_us = Some(faults::unix_us());

@@ -67,6 +67,13 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     // Checked before anything else (a standby too, before it waits to be elected).
     prepare_results(&opts)?;
     let mut lead = Leadership::take(&opts, control).await?;
+    // Taken from here on, before `listening` says it leads: a launcher's SIGTERM right
+    // after that line stops the run instead of killing the ICN.
+    use tokio::signal::unix::{signal, SignalKind};
+    let signals = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
     let metrics = Metrics::new("icn", None);
     let metrics_addr = match opts.metrics_bind {
         Some(b) => Some(metrics::serve(b, metrics.clone()).await?),
@@ -88,7 +95,7 @@ pub async fn run(opts: IcnOptions) -> anyhow::Result<Summary> {
     let acceptor = start_acceptor(&opts, listener, ev_tx, &metrics);
     let status = serve_live(&metrics);
     let mut shell = shell_for(&opts, &mut lead, metrics, status)?;
-    let result = shell.event_loop(ev_rx, &mut lead).await;
+    let result = shell.event_loop(ev_rx, &mut lead, signals).await;
     acceptor.abort();
     result?;
     lead.end_run().await?;
@@ -542,12 +549,10 @@ impl Shell {
         &mut self,
         mut ev_rx: mpsc::Receiver<Event>,
         lead: &mut Leadership,
+        (mut sigint, mut sigterm): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
     ) -> anyhow::Result<()> {
         let mut progress = tokio::time::interval(Duration::from_millis(250));
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut sigint = signal(SignalKind::interrupt())?;
-        let mut sigterm = signal(SignalKind::terminate())?;
         while self.core.phase() != Phase::Done {
             let far = Instant::now() + Duration::from_secs(3600);
             let wake = self.core.poll_timeout().map(|t| self.origin + t);

@@ -229,22 +229,7 @@ impl AliceConfig {
             let what = "an STF over 64 GiB: check stf_size, or flp_gbps against tf_rate_hz";
             return Err(what.into());
         }
-        let bad = |v: Option<u32>| v.is_some_and(|n| !(1..=100_000).contains(&n));
-        if bad(self.flp_tokens) || bad(self.epn_tokens) {
-            return Err("flp_tokens and epn_tokens must be within 1..=100000".into());
-        }
-        if self.epn_tokens.is_some() && self.flp_tokens.is_none() {
-            return Err("epn_tokens needs flp_tokens (tokens are on only with it)".into());
-        }
-        if self.flp_tokens.is_some() && self.aggregate {
-            return Err("flp_tokens needs aggregate = false (FLPs differ at each instant)".into());
-        }
-        // One representative FLP stands for all only when their STFs are the same size.
-        if self.aggregate && matches!(size, StfSize::Uniform { min, max } if min < max) {
-            return Err(
-                "stf_size: uniform sizes differ between FLPs; set aggregate = false".into(),
-            );
-        }
+        self.check_flows(size)?;
         for (n, v) in [
             ("duration_s", self.duration_s),
             ("drain_s", self.drain_s),
@@ -281,6 +266,26 @@ impl AliceConfig {
             return Err("processing_slots must be at least 1".into());
         }
         Ok((s, size, proc))
+    }
+
+    /// Tokens and aggregation: what each needs of the other and of the STF sizes.
+    fn check_flows(&self, size: StfSize) -> Result<(), crate::ConfigError> {
+        let bad = |v: Option<u32>| v.is_some_and(|n| !(1..=100_000).contains(&n));
+        if bad(self.flp_tokens) || bad(self.epn_tokens) {
+            return Err("flp_tokens and epn_tokens must be within 1..=100000".into());
+        }
+        if self.epn_tokens.is_some() && self.flp_tokens.is_none() {
+            return Err("epn_tokens needs flp_tokens (tokens are on only with it)".into());
+        }
+        if self.flp_tokens.is_some() && self.aggregate {
+            return Err("flp_tokens needs aggregate = false (FLPs differ at each instant)".into());
+        }
+        // One representative FLP stands for all only when their STFs are the same size.
+        if self.aggregate && matches!(size, StfSize::Uniform { min, max } if min < max) {
+            let why = "stf_size: uniform sizes differ between FLPs; set aggregate = false";
+            return Err(why.into());
+        }
+        Ok(())
     }
 }
 
