@@ -42,7 +42,6 @@ impl Secret {
         if let Some(f) = file {
             let text =
                 std::fs::read(f).with_context(|| format!("--secret-file {}", f.display()))?;
-            warn_if_shared(f);
             let trimmed = text.trim_ascii_end();
             anyhow::ensure!(
                 !trimmed.is_empty(),
@@ -183,21 +182,6 @@ impl Secret {
 /// A fresh challenge.
 pub fn nonce() -> Nonce {
     rand::random()
-}
-
-/// A secret file others may read is not much of a secret: said once, as ssh does.
-fn warn_if_shared(f: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(f)
-        .map(|m| m.permissions().mode())
-        .unwrap_or(0);
-    if mode & 0o077 != 0 {
-        let f = f.display();
-        tracing::warn!(
-            "--secret-file {f}: others may read it (mode {:o}); chmod 600 it",
-            mode & 0o777
-        );
-    }
 }
 
 #[cfg(test)]
