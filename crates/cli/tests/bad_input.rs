@@ -342,18 +342,7 @@ fn overrides_meet_the_experiments_tables_at_the_check() {
     // testbed's placement.
     let exp = repo_root().join("experiments/tdr-network-baseline.toml");
     let exp = exp.to_str().unwrap();
-    let ok = |args: &[&str]| {
-        let out = fanin()
-            .args(["--check", "run", exp])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let ok = |args: &[&str]| run_ok(fanin().args(["--check", "run", exp]).args(args));
     ok(&["--only", "4", "--flp-buffer", "32KiB"]);
     ok(&["--local", "--epns", "2"]);
     one_line_error(&["--check", "run", exp, "--epns", "2"], &["[testbed]"]);

@@ -3,6 +3,9 @@
 //! the lists in the docs (experiments, policies, subcommands, faults) match the code,
 //! and every section of measured figures names its command and machine.
 
+mod common;
+use common::{fanin, run_ok};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -207,16 +210,7 @@ fn the_file_format_shown_in_experiments_readme_is_a_valid_experiment() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("format.toml");
     std::fs::write(&file, lines.join("\n")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_fanin"))
-        .args(["--check", "run"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(fanin().args(["--check", "run"]).arg(&file));
 }
 
 /// Every section of docs/reproduction.md and docs/performance.md that shows measured

@@ -515,15 +515,7 @@ fn a_trigger_saves_the_seconds_before_and_after_it() {
     );
     let _flp = spawn_flp(dir.path(), icn.control, 0);
     icn.wait_issued(250);
-    let out = fanin()
-        .args(["trigger", "--epn", &metrics])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(fanin().args(["trigger", "--epn", &metrics]));
     let at = icn_issued_now(&metrics);
     let (st, s, _) = icn.finish(60);
     assert!(st.success(), "{s}");

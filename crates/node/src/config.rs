@@ -270,9 +270,9 @@ impl RunConfig {
         if self.policy != PolicyKind::LeastLoaded || !waits {
             return Ok(());
         }
-        let headroom = self.least_loaded.headroom_percent as u128;
-        let need = (self.flps as u128 * size.max() as u128 * headroom).div_ceil(100);
-        if need <= epn_buffer as u128 {
+        let headroom = self.least_loaded.headroom_percent;
+        let need = (self.least_loaded).need(size.max().saturating_mul(self.flps as u64));
+        if need <= epn_buffer {
             return Ok(());
         }
         let why = format!(

@@ -62,6 +62,13 @@ impl Default for LeastLoadedConfig {
 }
 
 impl LeastLoadedConfig {
+    /// Buffer bytes a TF of `bytes` needs to be placed: `bytes` x headroom, rounded up
+    /// (the policy's rule, and the configuration's check of the largest TF).
+    pub fn need(&self, bytes: u64) -> u64 {
+        let n = (bytes as u128 * self.headroom_percent as u128).div_ceil(100);
+        n.min(u64::MAX as u128) as u64
+    }
+
     /// Checks the values as the runtime and the simulators take them: the field at
     /// fault and why.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
@@ -126,10 +133,9 @@ impl LeastLoaded {
         self.est.get(&epn).copied()
     }
 
-    /// Buffer bytes a TF of `bytes` needs to be placed: `bytes` x headroom, rounded up.
+    /// Buffer bytes a TF of `bytes` needs to be placed (`LeastLoadedConfig::need`).
     pub fn need(&self, bytes: u64) -> u64 {
-        let n = (bytes as u128 * self.cfg.headroom_percent as u128).div_ceil(100);
-        n.min(u64::MAX as u128) as u64
+        self.cfg.need(bytes)
     }
 
     fn qualifies(&self, epn: EpnId, need: u64) -> bool {

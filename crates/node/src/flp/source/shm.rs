@@ -25,7 +25,7 @@ pub struct Shm {
     what: String,
     /// The run this FLP serves (marked in the slots it schedules).
     run_id: u64,
-    /// STFs an earlier run scheduled, found and freed (at attach, or as they came).
+    /// STFs an earlier run scheduled, found and freed at attach (the FLP counts them).
     pub freed_at_attach: u64,
     /// Since when the writer has been inside the next STF (its slot WRITING).
     inside_since: Option<(u64, Instant)>,
@@ -65,7 +65,10 @@ impl Shm {
                 // Another run scheduled it (that FLP died before its Release): counted
                 // in that run, it must not be built again.
                 Ok(Some(s)) if s.scheduled_run != 0 && s.scheduled_run != self.run_id => {
-                    self.freed_at_attach += u64::from(self.reader.free(&s));
+                    let (what, tf, run) = (&self.what, s.tf_id, s.scheduled_run);
+                    if self.reader.free(&s) {
+                        tracing::warn!("{what}: TF {tf}'s STF was scheduled by run {run}, which is over: freed (run_over), not announced");
+                    }
                 }
                 Ok(Some(s)) => self.pending = Some(self.check(s)?),
                 Ok(None) if self.reader.ended() => {
